@@ -1,0 +1,23 @@
+//! herald: a durable event queue. The database stores, the queue schedules.
+//!
+//! See `docs/architecture.md` for how the pieces fit.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod decision;
+pub mod handler;
+pub mod memory_queue;
+pub mod model;
+pub mod queue;
+pub mod retry;
+pub mod store;
+
+pub use handler::{Context, Handler, HandlerError, IntoOutcome, Job, Outcome};
+pub use memory_queue::MemoryQueue;
+pub use model::{
+    Emitted, Event, EventId, EventState, Lease, LeaseToken, Millis, NewEvent, Notification, Rule,
+    RuleKind, RuleMatch,
+};
+pub use queue::{Delivery, DeliveryTag, Publish, Queue, QueueError};
+pub use retry::{RetryPolicy, DEFAULT_MAX_ATTEMPTS};
+pub use store::{Store, StoreError};

@@ -1,0 +1,308 @@
+//! The data herald stores and passes around: events, rules, leases and
+//! notifications. Plain data, no I/O.
+
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// A point in time, in milliseconds since the Unix epoch.
+///
+/// Stores keep times as integers so that comparisons in SQL are cheap and the
+/// decision function can be tested without a clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Millis(pub i64);
+
+impl Millis {
+    /// The current wall-clock time.
+    pub fn now() -> Self {
+        let d = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        Millis(d.as_millis() as i64)
+    }
+
+    /// This time plus `d` (saturating).
+    pub fn plus(self, d: Duration) -> Self {
+        Millis(self.0.saturating_add(d.as_millis().min(i64::MAX as u128) as i64))
+    }
+
+    /// This time minus `d` (saturating).
+    pub fn minus(self, d: Duration) -> Self {
+        Millis(self.0.saturating_sub(d.as_millis().min(i64::MAX as u128) as i64))
+    }
+
+    /// How long from `self` until `later`; zero if `later` is not after `self`.
+    pub fn until(self, later: Millis) -> Duration {
+        Duration::from_millis(later.0.saturating_sub(self.0).max(0) as u64)
+    }
+}
+
+/// An event's identity: a UUIDv7, so ids sort by creation time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct EventId(pub Uuid);
+
+impl EventId {
+    /// A new, time-ordered id.
+    pub fn new() -> Self {
+        EventId(Uuid::now_v7())
+    }
+}
+
+impl Default for EventId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Display for EventId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::str::FromStr for EventId {
+    type Err = uuid::Error;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Uuid::parse_str(s).map(EventId)
+    }
+}
+
+/// The proof that a worker holds an event's lease. Every write about a running
+/// event names its token, so a worker that lost its lease can change nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct LeaseToken(pub Uuid);
+
+impl LeaseToken {
+    /// A new random token.
+    pub fn new() -> Self {
+        LeaseToken(Uuid::new_v4())
+    }
+}
+
+impl Default for LeaseToken {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Where an event is in its life. A running event is `Pending` with a live
+/// lease: the lease, not the state, says that someone runs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventState {
+    /// Waiting to run, or running under a lease.
+    Pending,
+    /// Out of attempts (or failed for good); kept for inspection and manual retry.
+    Dead,
+    /// Finished, kept only when done-retention is configured.
+    Done,
+}
+
+impl EventState {
+    /// The stable name used in storage, APIs and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventState::Pending => "pending",
+            EventState::Dead => "dead",
+            EventState::Done => "done",
+        }
+    }
+
+    /// Parses [`EventState::as_str`]'s output.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "pending" => Some(EventState::Pending),
+            "dead" => Some(EventState::Dead),
+            "done" => Some(EventState::Done),
+            _ => None,
+        }
+    }
+}
+
+/// A lease as stored on an event: who holds it and until when (by the store's clock).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// The holder's proof.
+    pub token: LeaseToken,
+    /// When it lapses unless renewed.
+    pub expires_at: Millis,
+}
+
+/// A stored event.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// Primary key.
+    pub id: EventId,
+    /// Owner namespace.
+    pub tenant: String,
+    /// Name of the code that processes it.
+    pub handler: String,
+    /// The JSON payload, exactly as emitted.
+    pub payload: String,
+    /// Life-cycle state.
+    pub state: EventState,
+    /// Not to run before this time.
+    pub run_at: Millis,
+    /// How many times it has been claimed (snoozes and shutdown give one back).
+    pub attempt: u32,
+    /// After this many failed attempts it goes dead.
+    pub max_attempts: u32,
+    /// The current lease, live or expired, if any.
+    pub lease: Option<Lease>,
+    /// The error of the last failed attempt.
+    pub last_error: Option<String>,
+    /// The optional idempotency key it was emitted with.
+    pub idempotency_key: Option<String>,
+    /// When it was emitted.
+    pub created_at: Millis,
+    /// When it last changed.
+    pub updated_at: Millis,
+}
+
+/// What an application emits: everything but the fields herald manages.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewEvent {
+    /// The id to store it under (generated by [`NewEvent::new`]).
+    pub id: EventId,
+    /// Owner namespace.
+    pub tenant: String,
+    /// Handler name.
+    pub handler: String,
+    /// Validated JSON text.
+    pub payload: String,
+    /// Earliest run time.
+    pub run_at: Millis,
+    /// Attempts before it goes dead.
+    pub max_attempts: u32,
+    /// One live event per `(tenant, handler, key)`.
+    pub idempotency_key: Option<String>,
+}
+
+/// The result of storing one [`NewEvent`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Emitted {
+    /// Stored as a new event.
+    Created(EventId),
+    /// A live event with the same idempotency key exists; this is its id.
+    Existing(EventId),
+}
+
+impl Emitted {
+    /// The id of the event that will run, new or existing.
+    pub fn id(self) -> EventId {
+        match self {
+            Emitted::Created(id) | Emitted::Existing(id) => id,
+        }
+    }
+}
+
+/// The two kinds of rule. Both stop execution; events stay stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuleKind {
+    /// The tenant's own pause.
+    Pause,
+    /// An operator's block; stronger than pause: unpausing does not lift it.
+    Block,
+}
+
+impl RuleKind {
+    /// The stable name used in storage and APIs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RuleKind::Pause => "pause",
+            RuleKind::Block => "block",
+        }
+    }
+
+    /// Parses [`RuleKind::as_str`]'s output.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "pause" => Some(RuleKind::Pause),
+            "block" => Some(RuleKind::Block),
+            _ => None,
+        }
+    }
+}
+
+/// A rule: `(tenant, handler, kind)`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Rule {
+    /// The tenant it applies to.
+    pub tenant: String,
+    /// The handler it applies to.
+    pub handler: String,
+    /// Pause or block.
+    pub kind: RuleKind,
+}
+
+/// Which rules match one event. Block wins over pause.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuleMatch {
+    /// A `block` rule matches.
+    pub blocked: bool,
+    /// A `pause` rule matches.
+    pub paused: bool,
+}
+
+impl RuleMatch {
+    /// True when any rule holds the event.
+    pub fn holds(self) -> bool {
+        self.blocked || self.paused
+    }
+}
+
+/// What travels on the queue: "this event may be ready, look at it".
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Notification {
+    /// The event's tenant (for routing and logs; the id alone finds the event).
+    pub tenant: String,
+    /// The event to look at.
+    pub event_id: EventId,
+}
+
+/// Why a notification could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("notification is not valid JSON `{{\"tenant\": string, \"event_id\": uuid}}`: {0}")]
+pub struct BadNotification(#[from] serde_json::Error);
+
+impl Notification {
+    /// The wire form: compact JSON.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a notification always serializes")
+    }
+
+    /// Reads the wire form; anything else is garbage.
+    pub fn decode(bytes: &[u8]) -> Result<Self, BadNotification> {
+        Ok(serde_json::from_slice(bytes)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notification_round_trips_and_rejects_garbage() {
+        let n = Notification {
+            tenant: "acme".into(),
+            event_id: EventId::new(),
+        };
+        assert_eq!(Notification::decode(&n.encode()).unwrap(), n);
+        assert!(Notification::decode(b"\xff\x00garbage").is_err());
+        assert!(Notification::decode(br#"{"tenant":"a"}"#).is_err());
+        assert!(Notification::decode(br#"{"tenant":"a","event_id":"nope"}"#).is_err());
+    }
+
+    #[test]
+    fn millis_arithmetic_saturates() {
+        assert_eq!(Millis(10).until(Millis(5)), Duration::ZERO);
+        assert_eq!(Millis(5).until(Millis(10)), Duration::from_millis(5));
+        assert_eq!(Millis(i64::MAX).plus(Duration::from_secs(1)), Millis(i64::MAX));
+    }
+}

@@ -1,0 +1,257 @@
+//! The `Store` trait: where events live. Every method takes or returns a
+//! batch, so that a backend can group-commit: one statement (or one
+//! transaction) per batch, not per event.
+//!
+//! Hot-path methods ([`Store::claim`], [`Store::settle`], [`Store::renew`],
+//! [`Store::inspect`]) touch events by primary key only. Lease expiry and
+//! `run_at` are judged by the store's own clock.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::model::{
+    Emitted, Event, EventId, EventState, LeaseToken, Millis, NewEvent, Notification, Rule,
+    RuleKind, RuleMatch,
+};
+
+/// Errors from a store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store could not be opened or reached.
+    #[error("cannot open the store at {location}: {reason}")]
+    Open {
+        /// Path or URL.
+        location: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The database exists but is not one of herald's.
+    #[error("{location} is not a herald database: {reason}")]
+    NotHerald {
+        /// Path or URL.
+        location: String,
+        /// What was found instead.
+        reason: String,
+    },
+    /// The database's schema is newer than this build knows.
+    #[error("{location} has schema version {found}, newer than this herald ({known}); upgrade herald")]
+    TooNew {
+        /// Path or URL.
+        location: String,
+        /// The version in the database.
+        found: i64,
+        /// The newest this build knows.
+        known: i64,
+    },
+    /// A request that the store refuses as invalid.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// The store failed while serving a request; nothing was written.
+    #[error("store failed: {0}")]
+    Backend(String),
+    /// The store has been closed.
+    #[error("the store is closed")]
+    Closed,
+}
+
+/// Shorthand for store results.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// A lease as a worker holds it: the event and the token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LeaseRef {
+    /// The event.
+    pub id: EventId,
+    /// The token the claim wrote.
+    pub token: LeaseToken,
+}
+
+/// An event that could not be claimed, as loaded to learn why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Inspected {
+    /// The stored event.
+    pub event: Event,
+    /// The rules that match it now.
+    pub rules: RuleMatch,
+}
+
+/// The result of [`Store::inspect`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Inspection {
+    /// The events that exist, in no particular order; missing ids are absent.
+    pub found: Vec<Inspected>,
+    /// The store's clock when they were loaded.
+    pub now: Millis,
+}
+
+/// How a run ends in the store. Each is fenced by the run's lease token.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Finish {
+    /// Delete the event.
+    Delete,
+    /// Keep it as `done`.
+    Archive,
+    /// Clear the lease; run again after `wait`; `notified_at` becomes the new
+    /// `run_at`, since the caller re-notifies with that delay.
+    Release {
+        /// Delay from the store's now.
+        wait: Duration,
+        /// Error to record, for a failed attempt.
+        error: Option<String>,
+        /// Give the attempt back (snooze, shutdown).
+        give_back: bool,
+    },
+    /// Clear the lease and move to `dead`, recording the error.
+    Bury {
+        /// The error.
+        error: String,
+    },
+}
+
+/// One fenced write that ends a run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settle {
+    /// The event.
+    pub id: EventId,
+    /// The lease token the write is fenced by; `None` fences on "no lease".
+    pub token: Option<LeaseToken>,
+    /// What to write.
+    pub finish: Finish,
+}
+
+/// A notification to publish, with the delay until the event is due (by the
+/// store's clock).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scheduled {
+    /// What to publish.
+    pub notification: Notification,
+    /// How long until `run_at`; zero when due.
+    pub delay: Duration,
+}
+
+/// Which events to list.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EventFilter {
+    /// Only this tenant.
+    pub tenant: Option<String>,
+    /// Only this handler.
+    pub handler: Option<String>,
+    /// Only this state.
+    pub state: Option<EventState>,
+    /// Keyset cursor: only ids greater than this.
+    pub after: Option<EventId>,
+}
+
+/// Stored events counted by tenant, handler and state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Count {
+    /// Tenant.
+    pub tenant: String,
+    /// Handler.
+    pub handler: String,
+    /// State.
+    pub state: EventState,
+    /// How many events.
+    pub count: u64,
+}
+
+/// Where events are stored: the only source of truth.
+///
+/// Implementations must make every write that ends a run ([`Store::settle`])
+/// and every renewal conditional on the lease token, and judge expiry by their
+/// own clock.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Stores new events. With an idempotency key, an existing live event of
+    /// the same `(tenant, handler, key)` is returned instead of a new one.
+    /// `notified_at` is set to each event's `run_at`: the caller publishes next.
+    async fn emit(&self, events: &[NewEvent]) -> StoreResult<Vec<Emitted>>;
+
+    /// The happy path in one statement: for each id, take the lease with
+    /// `token` for `lease` if the event is pending, due, unleased or expired,
+    /// has attempts left, has a handler in `handlers`, and no rule matches.
+    /// Increments `attempt`. Returns the events claimed (as updated).
+    async fn claim(
+        &self,
+        ids: &[EventId],
+        handlers: &[String],
+        token: LeaseToken,
+        lease: Duration,
+    ) -> StoreResult<Vec<Event>>;
+
+    /// Loads events and their matching rules, to learn why a claim failed.
+    async fn inspect(&self, ids: &[EventId]) -> StoreResult<Inspection>;
+
+    /// Ends runs. Returns, per item in order, whether the fence held (the
+    /// token still matched) and the write happened.
+    async fn settle(&self, batch: &[Settle]) -> StoreResult<Vec<bool>>;
+
+    /// Extends leases to `now + lease`. Returns, per item in order, whether
+    /// the lease was still held by that token.
+    async fn renew(&self, leases: &[LeaseRef], lease: Duration) -> StoreResult<Vec<bool>>;
+
+    /// Adds a rule; false if it already existed.
+    async fn add_rule(&self, rule: &Rule) -> StoreResult<bool>;
+
+    /// Removes a rule; false if there was none.
+    async fn remove_rule(&self, rule: &Rule) -> StoreResult<bool>;
+
+    /// The rules that match `(tenant, handler)`.
+    async fn rules_for(&self, tenant: &str, handler: &str) -> StoreResult<RuleMatch>;
+
+    /// Every rule.
+    async fn rules(&self) -> StoreResult<Vec<Rule>>;
+
+    /// One page of `(tenant, handler)`'s pending events with ids after
+    /// `after`, in id order, stamping them as notified. Used by unpause and
+    /// unblock, which page through all of them.
+    async fn renotify_page(
+        &self,
+        tenant: &str,
+        handler: &str,
+        after: Option<EventId>,
+        limit: usize,
+    ) -> StoreResult<Vec<Scheduled>>;
+
+    /// The reconciler's sweep: up to `limit` pending events that are due,
+    /// not held by a rule, unleased or expired, and either not notified for
+    /// `quiet` or not notified since their lease expired. Stamps them as
+    /// notified now, so calling again returns the next ones; an empty result
+    /// means the sweep is complete.
+    async fn sweep(&self, quiet: Duration, limit: usize) -> StoreResult<Vec<Scheduled>>;
+
+    /// Takes or keeps the named leader lease for `holder` for `lease`.
+    /// Returns whether `holder` leads now.
+    async fn lead(&self, role: &str, holder: &str, lease: Duration) -> StoreResult<bool>;
+
+    /// Gives the leader lease up, if `holder` has it.
+    async fn resign(&self, role: &str, holder: &str) -> StoreResult<()>;
+
+    /// Deletes up to `limit` dead events that died before `dead_before` and
+    /// done events finished before `done_before`. Returns how many went.
+    async fn purge(&self, dead_before: Millis, done_before: Millis, limit: usize)
+        -> StoreResult<u64>;
+
+    /// One event.
+    async fn get(&self, id: EventId) -> StoreResult<Option<Event>>;
+
+    /// Events in id order, matching `filter`, at most `limit`.
+    async fn list(&self, filter: &EventFilter, limit: usize) -> StoreResult<Vec<Event>>;
+
+    /// Counts by tenant, handler and state.
+    async fn counts(&self) -> StoreResult<Vec<Count>>;
+
+    /// Moves a dead event back to pending with its attempts reset, due now.
+    /// Returns the notification to publish, or `None` if it was not dead.
+    async fn revive(&self, id: EventId) -> StoreResult<Option<Scheduled>>;
+
+    /// Deletes an event that is not running (dead, done, or pending without a
+    /// live lease). Returns whether it was deleted.
+    async fn delete(&self, id: EventId) -> StoreResult<bool>;
+}
+
+impl RuleKind {
+    /// Both kinds, strongest first.
+    pub const ALL: [RuleKind; 2] = [RuleKind::Block, RuleKind::Pause];
+}
