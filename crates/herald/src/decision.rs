@@ -294,7 +294,9 @@ impl Settlement {
     pub fn reply(&self) -> Reply {
         match self {
             Settlement::Delete | Settlement::Archive | Settlement::Dead { .. } => Reply::Ack,
-            Settlement::Retry { delay, .. } | Settlement::Snooze { delay, .. } => Reply::Nack(*delay),
+            Settlement::Retry { delay, .. } | Settlement::Snooze { delay, .. } => {
+                Reply::Nack(*delay)
+            }
             Settlement::Leave => Reply::Leave,
         }
     }
@@ -318,16 +320,25 @@ pub fn settle(run: Claimed, end: RunEnd, policy: &Policy, jitter: f64) -> Settle
             delay: policy.queue_delay(d),
         },
         Outcome::Fail(error) => Settlement::Dead {
-            error: format!("attempt {}/{} failed for good: {error}", run.attempt, run.max_attempts),
+            error: format!(
+                "attempt {}/{} failed for good: {error}",
+                run.attempt, run.max_attempts
+            ),
         },
         Outcome::Retry { error, .. } if run.attempt >= run.max_attempts => Settlement::Dead {
-            error: format!("attempt {}/{} failed: {error}", run.attempt, run.max_attempts),
+            error: format!(
+                "attempt {}/{} failed: {error}",
+                run.attempt, run.max_attempts
+            ),
         },
         Outcome::Retry { error, after } => {
             let wait = after.unwrap_or_else(|| policy.retry.backoff(run.attempt, jitter));
             Settlement::Retry {
                 wait,
-                error: format!("attempt {}/{} failed: {error}", run.attempt, run.max_attempts),
+                error: format!(
+                    "attempt {}/{} failed: {error}",
+                    run.attempt, run.max_attempts
+                ),
                 delay: policy.queue_delay(wait),
             }
         }
@@ -430,7 +441,10 @@ mod tests {
             blocked: true,
             paused: true,
         };
-        assert_eq!(admit(s, &policy(), 0.5), Admission::Drop(DropReason::Blocked));
+        assert_eq!(
+            admit(s, &policy(), 0.5),
+            Admission::Drop(DropReason::Blocked)
+        );
     }
 
     #[test]
@@ -441,7 +455,10 @@ mod tests {
         };
         let mut s = seen(Some(&e));
         s.rules.paused = true;
-        assert_eq!(admit(s, &policy(), 0.5), Admission::Drop(DropReason::Paused));
+        assert_eq!(
+            admit(s, &policy(), 0.5),
+            Admission::Drop(DropReason::Paused)
+        );
     }
 
     #[test]
@@ -590,7 +607,12 @@ mod tests {
 
     #[test]
     fn failure_with_attempts_left_retries_with_backoff() {
-        let s = settle(run(2), RunEnd::Returned(Outcome::retry("boom")), &policy(), 0.5);
+        let s = settle(
+            run(2),
+            RunEnd::Returned(Outcome::retry("boom")),
+            &policy(),
+            0.5,
+        );
         assert_eq!(
             s,
             Settlement::Retry {
@@ -614,7 +636,12 @@ mod tests {
 
     #[test]
     fn failure_without_attempts_left_goes_dead() {
-        let s = settle(run(3), RunEnd::Returned(Outcome::retry("boom")), &policy(), 0.5);
+        let s = settle(
+            run(3),
+            RunEnd::Returned(Outcome::retry("boom")),
+            &policy(),
+            0.5,
+        );
         assert_eq!(
             s,
             Settlement::Dead {
@@ -626,7 +653,12 @@ mod tests {
 
     #[test]
     fn failure_for_good_goes_dead_at_once() {
-        let s = settle(run(1), RunEnd::Returned(Outcome::fail("bad input")), &policy(), 0.5);
+        let s = settle(
+            run(1),
+            RunEnd::Returned(Outcome::fail("bad input")),
+            &policy(),
+            0.5,
+        );
         assert!(matches!(s, Settlement::Dead { ref error } if error.contains("failed for good")));
     }
 

@@ -9,7 +9,6 @@
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -207,6 +206,9 @@ pub trait Handler: Send + Sync + 'static {
 pub trait Job: Serialize + DeserializeOwned + Send + 'static {
     /// The handler name events of this type are emitted under.
     const NAME: &'static str;
+    /// Attempts before an event of this type goes dead, unless the emit says
+    /// otherwise.
+    const MAX_ATTEMPTS: u32 = crate::retry::DEFAULT_MAX_ATTEMPTS;
     /// Processes one event.
     fn run(self, cx: Context) -> impl Future<Output = Result<(), HandlerError>> + Send;
 }
@@ -270,9 +272,6 @@ where
         }
     }
 }
-
-/// Handlers by name.
-pub(crate) type Handlers = Arc<std::collections::HashMap<String, Arc<dyn Handler>>>;
 
 #[cfg(test)]
 mod tests {

@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod client;
 pub mod decision;
 pub mod handler;
 pub mod memory_queue;
@@ -11,7 +12,9 @@ pub mod model;
 pub mod queue;
 pub mod retry;
 pub mod store;
+pub mod worker;
 
+pub use client::{Client, ClientError, EmitOptions, EmitRequest, Release};
 pub use handler::{Context, Handler, HandlerError, IntoOutcome, Job, Outcome};
 pub use memory_queue::MemoryQueue;
 pub use model::{
@@ -21,3 +24,4 @@ pub use model::{
 pub use queue::{Delivery, DeliveryTag, Publish, Queue, QueueError};
 pub use retry::{RetryPolicy, DEFAULT_MAX_ATTEMPTS};
 pub use store::{Store, StoreError};
+pub use worker::{ShutdownHandle, ShutdownReport, Worker, WorkerBuilder, WorkerConfig};

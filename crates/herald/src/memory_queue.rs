@@ -204,8 +204,12 @@ impl Queue for MemoryQueue {
         let deadline = Instant::now() + self.ack_wait;
         let mut s = self.state.lock().expect("queue lock");
         for tag in tags {
-            let Ok(n) = tag.0.parse::<u64>() else { continue };
-            let Some(entry) = s.in_flight.get_mut(&n) else { continue };
+            let Ok(n) = tag.0.parse::<u64>() else {
+                continue;
+            };
+            let Some(entry) = s.in_flight.get_mut(&n) else {
+                continue;
+            };
             let old = std::mem::replace(&mut entry.1, deadline);
             s.deadlines.remove(&(old, n));
             s.deadlines.insert((deadline, n), ());

@@ -26,12 +26,18 @@ impl Millis {
 
     /// This time plus `d` (saturating).
     pub fn plus(self, d: Duration) -> Self {
-        Millis(self.0.saturating_add(d.as_millis().min(i64::MAX as u128) as i64))
+        Millis(
+            self.0
+                .saturating_add(d.as_millis().min(i64::MAX as u128) as i64),
+        )
     }
 
     /// This time minus `d` (saturating).
     pub fn minus(self, d: Duration) -> Self {
-        Millis(self.0.saturating_sub(d.as_millis().min(i64::MAX as u128) as i64))
+        Millis(
+            self.0
+                .saturating_sub(d.as_millis().min(i64::MAX as u128) as i64),
+        )
     }
 
     /// How long from `self` until `later`; zero if `later` is not after `self`.
@@ -303,6 +309,9 @@ mod tests {
     fn millis_arithmetic_saturates() {
         assert_eq!(Millis(10).until(Millis(5)), Duration::ZERO);
         assert_eq!(Millis(5).until(Millis(10)), Duration::from_millis(5));
-        assert_eq!(Millis(i64::MAX).plus(Duration::from_secs(1)), Millis(i64::MAX));
+        assert_eq!(
+            Millis(i64::MAX).plus(Duration::from_secs(1)),
+            Millis(i64::MAX)
+        );
     }
 }

@@ -35,7 +35,9 @@ pub enum StoreError {
         reason: String,
     },
     /// The database's schema is newer than this build knows.
-    #[error("{location} has schema version {found}, newer than this herald ({known}); upgrade herald")]
+    #[error(
+        "{location} has schema version {found}, newer than this herald ({known}); upgrade herald"
+    )]
     TooNew {
         /// Path or URL.
         location: String,
@@ -230,8 +232,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// Deletes up to `limit` dead events that died before `dead_before` and
     /// done events finished before `done_before`. Returns how many went.
-    async fn purge(&self, dead_before: Millis, done_before: Millis, limit: usize)
-        -> StoreResult<u64>;
+    async fn purge(
+        &self,
+        dead_before: Millis,
+        done_before: Millis,
+        limit: usize,
+    ) -> StoreResult<u64>;
 
     /// One event.
     async fn get(&self, id: EventId) -> StoreResult<Option<Event>>;

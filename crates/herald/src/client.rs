@@ -1,0 +1,431 @@
+//! The `Client`: emit events, and the operator's verbs (pause, unpause,
+//! block, unblock, retry and delete dead events, inspect).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use crate::handler::Job;
+use crate::model::{Emitted, Event, EventId, Millis, NewEvent, Rule, RuleKind, RuleMatch};
+use crate::queue::{Publish, Queue};
+use crate::retry::DEFAULT_MAX_ATTEMPTS;
+use crate::store::{Count, EventFilter, Scheduled, Store, StoreError};
+
+/// The default payload size limit: 1 MiB.
+pub const DEFAULT_MAX_PAYLOAD: usize = 1 << 20;
+/// The longest tenant, handler or idempotency key, in bytes.
+pub const MAX_NAME_LEN: usize = 200;
+
+/// Errors from the [`Client`].
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The payload is not valid JSON.
+    #[error("payload is not valid JSON: {0}")]
+    NotJson(String),
+    /// The payload is larger than the configured limit.
+    #[error("payload is {size} bytes, over the limit of {limit} bytes")]
+    TooLarge {
+        /// Its size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A name (tenant, handler, key) breaks the naming rule.
+    #[error("{field} {value:?} is invalid: {reason}")]
+    InvalidName {
+        /// Which field.
+        field: &'static str,
+        /// The value given.
+        value: String,
+        /// The rule it broke.
+        reason: &'static str,
+    },
+    /// `max_attempts` must be at least 1.
+    #[error("max_attempts must be at least 1")]
+    NoAttempts,
+    /// One request of a batch was refused; nothing of the batch was stored.
+    #[error("event {index} of the batch: {error}")]
+    InBatch {
+        /// Its position in the batch, from 0.
+        index: usize,
+        /// What was wrong with it.
+        error: Box<ClientError>,
+    },
+    /// The store failed; nothing was stored.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Options of one emit.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EmitOptions {
+    /// Run no earlier than this long from now.
+    pub delay: Option<Duration>,
+    /// Attempts before the event goes dead (default: the job's, or 10).
+    pub max_attempts: Option<u32>,
+    /// One live event per `(tenant, handler, key)`: a second emit returns the first's id.
+    pub idempotency_key: Option<String>,
+}
+
+impl EmitOptions {
+    /// Delay the first run.
+    pub fn delay(mut self, d: Duration) -> Self {
+        self.delay = Some(d);
+        self
+    }
+
+    /// Attempts before the event goes dead.
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = Some(n);
+        self
+    }
+
+    /// Deduplicate on this key.
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+}
+
+/// One event to emit as raw JSON, for [`Client::emit_batch`].
+#[derive(Clone, Debug)]
+pub struct EmitRequest {
+    /// Owner namespace.
+    pub tenant: String,
+    /// Handler name.
+    pub handler: String,
+    /// JSON text.
+    pub payload: String,
+    /// Options.
+    pub options: EmitOptions,
+}
+
+/// What unpause or unblock did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Release {
+    /// Whether the rule existed.
+    pub removed: bool,
+    /// The rules that still hold the handler (the other kind).
+    pub still_held: RuleMatch,
+    /// Events re-notified (0 while still held).
+    pub notified: u64,
+}
+
+/// Emits events and runs operator commands against a store and a queue.
+#[derive(Clone)]
+pub struct Client {
+    store: Arc<dyn Store>,
+    queue: Arc<dyn Queue>,
+    max_payload: usize,
+}
+
+/// How many events a re-notify page holds.
+const RENOTIFY_PAGE: usize = 1000;
+
+impl Client {
+    /// A client on a store and a queue.
+    pub fn new(store: Arc<dyn Store>, queue: Arc<dyn Queue>) -> Self {
+        Client {
+            store,
+            queue,
+            max_payload: DEFAULT_MAX_PAYLOAD,
+        }
+    }
+
+    /// Sets the payload size limit in bytes.
+    pub fn max_payload(mut self, bytes: usize) -> Self {
+        self.max_payload = bytes;
+        self
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The queue.
+    pub fn queue(&self) -> &Arc<dyn Queue> {
+        &self.queue
+    }
+
+    /// Emits a typed job for `tenant`.
+    pub async fn emit<J: Job>(&self, tenant: &str, job: &J) -> Result<EventId, ClientError> {
+        self.emit_with(tenant, job, EmitOptions::default())
+            .await
+            .map(Emitted::id)
+    }
+
+    /// Emits a typed job with options.
+    pub async fn emit_with<J: Job>(
+        &self,
+        tenant: &str,
+        job: &J,
+        mut options: EmitOptions,
+    ) -> Result<Emitted, ClientError> {
+        options.max_attempts = options.max_attempts.or(Some(J::MAX_ATTEMPTS));
+        let payload = to_json(job)?;
+        self.emit_json(tenant, J::NAME, &payload, options).await
+    }
+
+    /// Emits raw JSON for any handler name. The handler need not be
+    /// registered anywhere yet: the event waits, stored, until one is.
+    pub async fn emit_json(
+        &self,
+        tenant: &str,
+        handler: &str,
+        payload: &str,
+        options: EmitOptions,
+    ) -> Result<Emitted, ClientError> {
+        let request = EmitRequest {
+            tenant: tenant.to_string(),
+            handler: handler.to_string(),
+            payload: payload.to_string(),
+            options,
+        };
+        let mut out = self.emit_batch(vec![request]).await?;
+        Ok(out.pop().expect("one result per request"))
+    }
+
+    /// Emits many events in one store call and one publish. Every request is
+    /// validated first: one bad request refuses the whole batch, naming its index.
+    pub async fn emit_batch(&self, batch: Vec<EmitRequest>) -> Result<Vec<Emitted>, ClientError> {
+        let now = Millis::now();
+        let single = batch.len() == 1;
+        let mut events = Vec::with_capacity(batch.len());
+        for (index, r) in batch.into_iter().enumerate() {
+            match self.validate(r, now) {
+                Ok(e) => events.push(e),
+                Err(e) if single => return Err(e),
+                Err(e) => {
+                    return Err(ClientError::InBatch {
+                        index,
+                        error: Box::new(e),
+                    })
+                }
+            }
+        }
+        let emitted = self.store.emit(&events).await?;
+        let publish: Vec<Publish> = events
+            .iter()
+            .zip(&emitted)
+            .filter(|(_, e)| matches!(e, Emitted::Created(_)))
+            .map(|(ev, _)| Publish {
+                notification: crate::Notification {
+                    tenant: ev.tenant.clone(),
+                    event_id: ev.id,
+                },
+                delay: now.until(ev.run_at),
+            })
+            .collect();
+        self.notify(&publish).await;
+        Ok(emitted)
+    }
+
+    fn validate(&self, r: EmitRequest, now: Millis) -> Result<NewEvent, ClientError> {
+        check_name("tenant", &r.tenant)?;
+        check_name("handler", &r.handler)?;
+        if let Some(key) = &r.options.idempotency_key {
+            check_name("idempotency_key", key)?;
+        }
+        if r.payload.len() > self.max_payload {
+            return Err(ClientError::TooLarge {
+                size: r.payload.len(),
+                limit: self.max_payload,
+            });
+        }
+        serde_json::from_str::<&RawValue>(&r.payload)
+            .map_err(|e| ClientError::NotJson(e.to_string()))?;
+        let max_attempts = r.options.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS);
+        if max_attempts == 0 {
+            return Err(ClientError::NoAttempts);
+        }
+        Ok(NewEvent {
+            id: EventId::new(),
+            tenant: r.tenant,
+            handler: r.handler,
+            payload: r.payload,
+            run_at: now.plus(r.options.delay.unwrap_or_default()),
+            max_attempts,
+            idempotency_key: r.options.idempotency_key,
+        })
+    }
+
+    /// Publishes; a failure loses nothing (the events are stored, and the
+    /// reconciler notifies them), so it is logged, not returned.
+    async fn notify(&self, batch: &[Publish]) {
+        if batch.is_empty() {
+            return;
+        }
+        if let Err(e) = self.queue.publish(batch).await {
+            tracing::warn!(error = %e, events = batch.len(), "events stored but not notified; the reconciler will notify them");
+        }
+    }
+
+    /// Pauses `(tenant, handler)`: its events stay stored and do not start.
+    /// Returns false if it was already paused.
+    pub async fn pause(&self, tenant: &str, handler: &str) -> Result<bool, ClientError> {
+        self.add_rule(tenant, handler, RuleKind::Pause).await
+    }
+
+    /// Blocks `(tenant, handler)` (an operator's rule, stronger than pause).
+    pub async fn block(&self, tenant: &str, handler: &str) -> Result<bool, ClientError> {
+        self.add_rule(tenant, handler, RuleKind::Block).await
+    }
+
+    /// Lifts a pause; if no block remains, re-notifies every stored event of
+    /// the handler, page by page.
+    pub async fn unpause(&self, tenant: &str, handler: &str) -> Result<Release, ClientError> {
+        self.remove_rule(tenant, handler, RuleKind::Pause).await
+    }
+
+    /// Lifts a block; if no pause remains, re-notifies every stored event.
+    pub async fn unblock(&self, tenant: &str, handler: &str) -> Result<Release, ClientError> {
+        self.remove_rule(tenant, handler, RuleKind::Block).await
+    }
+
+    async fn add_rule(
+        &self,
+        tenant: &str,
+        handler: &str,
+        kind: RuleKind,
+    ) -> Result<bool, ClientError> {
+        check_name("tenant", tenant)?;
+        check_name("handler", handler)?;
+        let rule = Rule {
+            tenant: tenant.into(),
+            handler: handler.into(),
+            kind,
+        };
+        Ok(self.store.add_rule(&rule).await?)
+    }
+
+    async fn remove_rule(
+        &self,
+        tenant: &str,
+        handler: &str,
+        kind: RuleKind,
+    ) -> Result<Release, ClientError> {
+        let rule = Rule {
+            tenant: tenant.into(),
+            handler: handler.into(),
+            kind,
+        };
+        let removed = self.store.remove_rule(&rule).await?;
+        let still_held = self.store.rules_for(tenant, handler).await?;
+        let mut release = Release {
+            removed,
+            still_held,
+            notified: 0,
+        };
+        if still_held.holds() {
+            return Ok(release);
+        }
+        // Page through all of them, however many: no cap.
+        let mut after = None;
+        loop {
+            let page = self
+                .store
+                .renotify_page(tenant, handler, after, RENOTIFY_PAGE)
+                .await?;
+            let Some(last) = page.last() else { break };
+            after = Some(last.notification.event_id);
+            release.notified += page.len() as u64;
+            let full = page.len() == RENOTIFY_PAGE;
+            self.notify(&publishes(page)).await;
+            if !full {
+                break;
+            }
+        }
+        Ok(release)
+    }
+
+    /// Moves a dead event back to pending with fresh attempts and notifies it.
+    /// Returns false if the event is not dead.
+    pub async fn retry_dead(&self, id: EventId) -> Result<bool, ClientError> {
+        match self.store.revive(id).await? {
+            Some(s) => {
+                self.notify(&publishes(vec![s])).await;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Deletes an event that is not running. Returns whether it was deleted.
+    pub async fn delete(&self, id: EventId) -> Result<bool, ClientError> {
+        Ok(self.store.delete(id).await?)
+    }
+
+    /// One event.
+    pub async fn get(&self, id: EventId) -> Result<Option<Event>, ClientError> {
+        Ok(self.store.get(id).await?)
+    }
+
+    /// Events matching `filter`, in id order.
+    pub async fn list(
+        &self,
+        filter: &EventFilter,
+        limit: usize,
+    ) -> Result<Vec<Event>, ClientError> {
+        Ok(self.store.list(filter, limit).await?)
+    }
+
+    /// Stored events counted by tenant, handler and state.
+    pub async fn counts(&self) -> Result<Vec<Count>, ClientError> {
+        Ok(self.store.counts().await?)
+    }
+
+    /// Every pause and block.
+    pub async fn rules(&self) -> Result<Vec<Rule>, ClientError> {
+        Ok(self.store.rules().await?)
+    }
+}
+
+fn publishes(page: Vec<Scheduled>) -> Vec<Publish> {
+    page.into_iter()
+        .map(|s| Publish {
+            notification: s.notification,
+            delay: s.delay,
+        })
+        .collect()
+}
+
+fn to_json<T: Serialize>(value: &T) -> Result<String, ClientError> {
+    serde_json::to_string(value).map_err(|e| ClientError::NotJson(e.to_string()))
+}
+
+/// The naming rule for tenants, handlers and keys: 1 to 200 bytes of UTF-8
+/// with no control characters. Anything else (quotes, slashes, unicode, SQL)
+/// is stored and shown exactly as given.
+pub fn check_name(field: &'static str, value: &str) -> Result<(), ClientError> {
+    let reason = if value.is_empty() {
+        "it is empty"
+    } else if value.len() > MAX_NAME_LEN {
+        "it is longer than 200 bytes"
+    } else if value.chars().any(char::is_control) {
+        "it contains a control character"
+    } else {
+        return Ok(());
+    };
+    Err(ClientError::InvalidName {
+        field,
+        value: value.chars().take(60).collect(),
+        reason,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_rule() {
+        assert!(check_name("tenant", "acme").is_ok());
+        assert!(check_name("tenant", "O'Brien/\"x\"; DROP TABLE events;--ü").is_ok());
+        assert!(check_name("tenant", "").is_err());
+        assert!(check_name("tenant", "a\nb").is_err());
+        assert!(check_name("tenant", &"x".repeat(201)).is_err());
+    }
+}

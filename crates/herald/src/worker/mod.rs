@@ -1,0 +1,347 @@
+//! The worker runtime: the imperative shell around [`crate::decision`].
+//!
+//! Tasks of one worker:
+//! - `receive` takes notifications in batches, claims them in one store
+//!   call, and answers the ones it could not claim (`admission.rs`);
+//! - one task per claimed event runs its handler (`run.rs`);
+//! - `settle` group-commits the ends of runs and answers their
+//!   notifications (`settle.rs`);
+//! - `heartbeat` renews every lease in one call every `lease / 3` and
+//!   cancels runs whose lease was lost (`heartbeat.rs`);
+//! - `reconcile`, when elected, re-notifies what the queue lost and purges
+//!   expired dead events (`reconcile.rs`).
+
+mod admission;
+mod heartbeat;
+mod reconcile;
+mod run;
+mod settle;
+mod stats;
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use tokio::sync::{mpsc, Semaphore};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::decision::Policy;
+use crate::handler::{FnHandler, Handler, IntoOutcome, JobHandler};
+use crate::model::Millis;
+use crate::queue::{DeliveryTag, Queue};
+use crate::retry::RetryPolicy;
+use crate::store::{LeaseRef, Store};
+use crate::{Context, Job};
+
+pub use stats::WorkerStats;
+
+use settle::Ended;
+
+/// How a worker behaves. Every field has a documented default.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    /// Most handlers running at once. Default 64.
+    pub concurrency: usize,
+    /// Most notifications taken from the queue (and claimed) per batch. Default 512.
+    pub batch: usize,
+    /// How long a claim lasts without renewal. Renewed every `lease / 3`.
+    /// Default 30 s.
+    pub lease: Duration,
+    /// The decision's knobs (retry backoff, delays).
+    pub policy: Policy,
+    /// How often the elected reconciler sweeps. Default 5 s; keep it at most
+    /// `lease / 3` so a dead worker's event is rescued within a lease and a
+    /// heartbeat.
+    pub sweep_every: Duration,
+    /// An event counts as "not notified recently" after this long. Default 60 s.
+    pub sweep_quiet: Duration,
+    /// How long dead events are kept. Default 7 days.
+    pub dead_retention: Duration,
+    /// How long done events are kept; `None` (default) deletes them at once.
+    pub done_retention: Option<Duration>,
+    /// Whether this worker may run the reconciler. Default true.
+    pub reconcile: bool,
+    /// This worker's name in logs and in the leader row. Default: a random id.
+    pub name: String,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            concurrency: 64,
+            batch: 512,
+            lease: Duration::from_secs(30),
+            policy: Policy::default(),
+            sweep_every: Duration::from_secs(5),
+            sweep_quiet: Duration::from_secs(60),
+            dead_retention: Duration::from_secs(7 * 24 * 3600),
+            done_retention: None,
+            reconcile: true,
+            name: format!("worker-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]),
+        }
+    }
+}
+
+/// Builds a [`Worker`]: register handlers, tune, then [`WorkerBuilder::start`].
+///
+/// ```no_run
+/// # async fn demo(store: std::sync::Arc<dyn herald::Store>, queue: std::sync::Arc<dyn herald::Queue>) {
+/// use std::time::Duration;
+/// use herald::{Context, HandlerError, Worker};
+///
+/// let worker = Worker::builder(store, queue)
+///     .handler("resize_image", |path: String, _cx: Context| async move {
+///         if path.is_empty() {
+///             return Err(HandlerError::fail("empty path"));
+///         }
+///         Ok(())
+///     })
+///     .concurrency(16)
+///     .start();
+/// // ...
+/// worker.shutdown(Duration::from_secs(10)).await;
+/// # }
+/// ```
+pub struct WorkerBuilder {
+    store: Arc<dyn Store>,
+    queue: Arc<dyn Queue>,
+    handlers: HashMap<String, Arc<dyn Handler>>,
+    config: WorkerConfig,
+}
+
+impl WorkerBuilder {
+    /// Registers a typed job.
+    pub fn job<J: Job>(mut self) -> Self {
+        self.handlers
+            .insert(J::NAME.to_string(), Arc::new(JobHandler::<J>::new()));
+        self
+    }
+
+    /// Registers an async function for events of handler `name` whose payload
+    /// deserializes to `T` (use `serde_json::Value` for any JSON).
+    pub fn handler<T, F, Fut, O>(mut self, name: impl Into<String>, f: F) -> Self
+    where
+        F: Fn(T, Context) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = O> + Send + 'static,
+        T: DeserializeOwned + Send + 'static,
+        O: IntoOutcome + 'static,
+    {
+        self.handlers
+            .insert(name.into(), Arc::new(FnHandler::new(f)));
+        self
+    }
+
+    /// Registers a name-erased [`Handler`].
+    pub fn raw_handler(mut self, name: impl Into<String>, handler: Arc<dyn Handler>) -> Self {
+        self.handlers.insert(name.into(), handler);
+        self
+    }
+
+    /// Most handlers running at once.
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.config.concurrency = n.max(1);
+        self
+    }
+
+    /// How long a claim lasts without renewal.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.lease = lease;
+        self
+    }
+
+    /// Backoff between failed attempts.
+    pub fn retry(mut self, retry: RetryPolicy) -> Self {
+        self.config.policy.retry = retry;
+        self
+    }
+
+    /// Replaces the whole configuration (handlers stay).
+    pub fn config(mut self, config: WorkerConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Edits the configuration in place.
+    pub fn configure(mut self, f: impl FnOnce(&mut WorkerConfig)) -> Self {
+        f(&mut self.config);
+        self
+    }
+
+    /// Starts the worker's tasks on the current tokio runtime.
+    pub fn start(self) -> Worker {
+        let mut config = self.config;
+        config.concurrency = config.concurrency.max(1);
+        config.batch = config.batch.max(1);
+        config.policy.max_queue_delay =
+            match (config.policy.max_queue_delay, self.queue.max_delay()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        config.policy.keep_done = config.done_retention.is_some();
+        let mut names: Vec<String> = self.handlers.keys().cloned().collect();
+        names.sort();
+        let (settle_tx, settle_rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            store: self.store,
+            queue: self.queue,
+            handlers: self.handlers,
+            handler_names: names,
+            slots: Arc::new(Semaphore::new(config.concurrency)),
+            runs: Mutex::new(HashMap::new()),
+            stats: WorkerStats::default(),
+            stop_receiving: CancellationToken::new(),
+            cancel_runs: CancellationToken::new(),
+            stop_background: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+            config,
+        });
+        let receive = tokio::spawn(admission::receive_loop(shared.clone(), settle_tx.clone()));
+        let settle = tokio::spawn(settle::settle_loop(shared.clone(), settle_rx));
+        let heartbeat = tokio::spawn(heartbeat::heartbeat_loop(shared.clone()));
+        let reconcile = shared
+            .config
+            .reconcile
+            .then(|| tokio::spawn(reconcile::reconcile_loop(shared.clone())));
+        tracing::info!(worker = %shared.config.name, handlers = ?shared.handler_names, "worker started");
+        Worker {
+            shared,
+            receive,
+            settle,
+            heartbeat,
+            reconcile,
+            settle_tx,
+        }
+    }
+}
+
+/// A running worker. Stop it with [`Worker::shutdown`].
+pub struct Worker {
+    shared: Arc<Shared>,
+    receive: JoinHandle<()>,
+    settle: JoinHandle<()>,
+    heartbeat: JoinHandle<()>,
+    reconcile: Option<JoinHandle<()>>,
+    settle_tx: mpsc::UnboundedSender<Ended>,
+}
+
+/// What [`Worker::shutdown`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Runs in flight when shutdown began.
+    pub in_flight: usize,
+    /// Runs cancelled after the grace period (snoozed for 0, attempt given back).
+    pub cancelled: usize,
+}
+
+/// Cancels a shutdown's grace period from elsewhere: the "second signal".
+#[derive(Clone, Debug)]
+pub struct ShutdownHandle(CancellationToken);
+
+impl ShutdownHandle {
+    /// Cancels every running handler now, without waiting for the grace period.
+    pub fn cancel_now(&self) {
+        self.0.cancel();
+    }
+}
+
+impl Worker {
+    /// Starts building a worker on a store and a queue.
+    pub fn builder(store: Arc<dyn Store>, queue: Arc<dyn Queue>) -> WorkerBuilder {
+        WorkerBuilder {
+            store,
+            queue,
+            handlers: HashMap::new(),
+            config: WorkerConfig::default(),
+        }
+    }
+
+    /// Counters of what this worker did so far.
+    pub fn stats(&self) -> stats::Snapshot {
+        self.shared.stats.snapshot()
+    }
+
+    /// Runs in flight now.
+    pub fn in_flight(&self) -> usize {
+        self.shared.runs.lock().expect("runs lock").len()
+    }
+
+    /// This worker's configuration (after defaults were applied).
+    pub fn config(&self) -> &WorkerConfig {
+        &self.shared.config
+    }
+
+    /// A handle that cuts the grace period of a shutdown short.
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        ShutdownHandle(self.shared.cancel_runs.clone())
+    }
+
+    /// Stops the worker: stop receiving; wait up to `grace` for running
+    /// handlers; cancel the rest (each is released as a snooze of 0 with its
+    /// attempt given back, and its notification nacked without delay, so
+    /// another worker takes it at once); settle everything; then return.
+    pub async fn shutdown(self, grace: Duration) -> ShutdownReport {
+        let shared = self.shared;
+        shared.stop_receiving.cancel();
+        let _ = self.receive.await;
+        let in_flight = shared.runs.lock().expect("runs lock").len();
+        shared.tasks.close();
+        let cancelled = tokio::select! {
+            _ = shared.tasks.wait() => 0,
+            _ = tokio::time::sleep(grace) => shared.runs.lock().expect("runs lock").len(),
+            _ = shared.cancel_runs.cancelled() => shared.runs.lock().expect("runs lock").len(),
+        };
+        if cancelled > 0 {
+            tracing::info!(cancelled, "grace period over: cancelling running handlers");
+        }
+        shared.cancel_runs.cancel();
+        shared.tasks.wait().await;
+        // Every run has handed its end to the settler: let it drain and stop.
+        drop(self.settle_tx);
+        let _ = self.settle.await;
+        shared.stop_background.cancel();
+        let _ = self.heartbeat.await;
+        if let Some(r) = self.reconcile {
+            let _ = r.await;
+        }
+        tracing::info!(worker = %shared.config.name, in_flight, cancelled, "worker stopped");
+        ShutdownReport {
+            in_flight,
+            cancelled,
+        }
+    }
+}
+
+/// One event being run by this worker.
+pub(crate) struct RunEntry {
+    tag: DeliveryTag,
+    cancel: CancellationToken,
+    lost: Arc<AtomicBool>,
+    /// When the store last confirmed the lease (local clock).
+    renewed_at: Millis,
+}
+
+/// State shared by a worker's tasks.
+pub(crate) struct Shared {
+    store: Arc<dyn Store>,
+    queue: Arc<dyn Queue>,
+    handlers: HashMap<String, Arc<dyn Handler>>,
+    handler_names: Vec<String>,
+    slots: Arc<Semaphore>,
+    runs: Mutex<HashMap<LeaseRef, RunEntry>>,
+    stats: WorkerStats,
+    stop_receiving: CancellationToken,
+    cancel_runs: CancellationToken,
+    stop_background: CancellationToken,
+    tasks: TaskTracker,
+    config: WorkerConfig,
+}
+
+impl Shared {
+    fn jitter() -> f64 {
+        rand::random::<f64>()
+    }
+}

@@ -1,0 +1,113 @@
+//! The reconciler: when this worker is elected, re-notify what the queue
+//! lost (or never got), rescue dead workers' events, purge expired ones.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Shared, WorkerStats};
+use crate::model::Millis;
+use crate::queue::Publish;
+
+/// The leader row's name.
+const ROLE: &str = "reconciler";
+/// Events per sweep or purge page.
+const PAGE: usize = 1000;
+
+pub(super) async fn reconcile_loop(shared: Arc<Shared>) {
+    let cfg = &shared.config;
+    // The leader lease is as long as an event lease, so that when a leader
+    // dies, the next one takes over by the time its events' leases lapse.
+    let lead_for = cfg.lease.max(cfg.sweep_every * 2);
+    // A queue that forgets on restart gets every due event once at start.
+    let mut full_sweep = !shared.queue.durable();
+    let mut leading = false;
+    loop {
+        match shared.store.lead(ROLE, &cfg.name, lead_for).await {
+            Ok(now_leading) => {
+                if now_leading != leading {
+                    tracing::info!(worker = %cfg.name, leading = now_leading, "reconciler leadership changed");
+                    leading = now_leading;
+                }
+                if leading {
+                    let quiet = if full_sweep {
+                        Duration::ZERO
+                    } else {
+                        cfg.sweep_quiet
+                    };
+                    if sweep(&shared, quiet).await {
+                        full_sweep = false;
+                    }
+                    purge(&shared).await;
+                }
+            }
+            Err(e) => {
+                WorkerStats::add(&shared.stats.store_errors, 1);
+                tracing::warn!(error = %e, "cannot take or keep the reconciler lease");
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(cfg.sweep_every) => {}
+            _ = shared.stop_background.cancelled() => break,
+        }
+    }
+    if leading {
+        if let Err(e) = shared.store.resign(ROLE, &cfg.name).await {
+            tracing::warn!(error = %e, "cannot resign the reconciler lease");
+        }
+    }
+}
+
+/// Pages through the sweep until it is complete. Returns false if it stopped early.
+async fn sweep(shared: &Shared, quiet: Duration) -> bool {
+    loop {
+        if shared.stop_background.is_cancelled() {
+            return false;
+        }
+        let page = match shared.store.sweep(quiet, PAGE).await {
+            Ok(p) => p,
+            Err(e) => {
+                WorkerStats::add(&shared.stats.store_errors, 1);
+                tracing::warn!(error = %e, "sweep failed");
+                return false;
+            }
+        };
+        if page.is_empty() {
+            return true;
+        }
+        let n = page.len();
+        let batch: Vec<Publish> = page
+            .into_iter()
+            .map(|s| Publish {
+                notification: s.notification,
+                delay: s.delay,
+            })
+            .collect();
+        if let Err(e) = shared.queue.publish(&batch).await {
+            // They are stamped as notified; the next quiet period brings them back.
+            tracing::warn!(error = %e, events = n, "cannot publish reconciled notifications");
+            return false;
+        }
+        WorkerStats::add(&shared.stats.reconciled, n);
+        tracing::debug!(events = n, "reconciler notified events");
+        if n < PAGE {
+            return true;
+        }
+    }
+}
+
+async fn purge(shared: &Shared) {
+    let now = Millis::now();
+    let dead_before = now.minus(shared.config.dead_retention);
+    let done_before = now.minus(shared.config.done_retention.unwrap_or(Duration::ZERO));
+    loop {
+        match shared.store.purge(dead_before, done_before, PAGE).await {
+            Ok(n) if (n as usize) < PAGE => return,
+            Ok(_) => continue,
+            Err(e) => {
+                WorkerStats::add(&shared.stats.store_errors, 1);
+                tracing::warn!(error = %e, "purge failed");
+                return;
+            }
+        }
+    }
+}

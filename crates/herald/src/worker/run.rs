@@ -1,0 +1,95 @@
+//! Running one claimed event's handler.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::FutureExt;
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
+
+use super::settle::Ended;
+use super::{RunEntry, Shared, WorkerStats};
+use crate::decision::{Claimed, RunEnd};
+use crate::handler::{Context, Outcome};
+use crate::model::{Event, LeaseToken, Millis};
+use crate::queue::DeliveryTag;
+use crate::store::LeaseRef;
+
+/// Registers the lease with the heartbeat and spawns the handler. The slot is
+/// freed when the handler returns; the lease is renewed until the run is settled.
+pub(super) fn start(
+    shared: &Arc<Shared>,
+    event: Event,
+    token: LeaseToken,
+    tag: DeliveryTag,
+    slot: OwnedSemaphorePermit,
+    ended: mpsc::UnboundedSender<Ended>,
+) {
+    let cancel = shared.cancel_runs.child_token();
+    let lost = Arc::new(AtomicBool::new(false));
+    let lease = LeaseRef {
+        id: event.id,
+        token,
+    };
+    shared.runs.lock().expect("runs lock").insert(
+        lease,
+        RunEntry {
+            tag: tag.clone(),
+            cancel: cancel.clone(),
+            lost: lost.clone(),
+            renewed_at: Millis::now(),
+        },
+    );
+    WorkerStats::add(&shared.stats.claimed, 1);
+    let handler = shared.handlers.get(&event.handler).cloned();
+    shared.tasks.spawn(async move {
+        let started = Instant::now();
+        let claimed = Claimed {
+            attempt: event.attempt,
+            max_attempts: event.max_attempts,
+        };
+        let cx = Context::new(
+            event.id,
+            event.tenant.clone(),
+            event.handler.clone(),
+            event.attempt,
+            event.max_attempts,
+            cancel.clone(),
+        );
+        let end = match handler {
+            // The claim only takes events of handlers this worker has.
+            None => RunEnd::Returned(Outcome::retry(format!("no handler named {:?} here", event.handler))),
+            Some(h) => {
+                let call = AssertUnwindSafe(h.call(&event.payload, cx)).catch_unwind();
+                tokio::select! {
+                    // A handler that finished as it was cancelled still reports its outcome; the fence decides.
+                    biased;
+                    r = call => RunEnd::Returned(r.unwrap_or_else(|panic| Outcome::retry(format!("handler panicked: {}", panic_message(&*panic))))),
+                    _ = cancel.cancelled() => {
+                        if lost.load(Ordering::Acquire) { RunEnd::LeaseLost } else { RunEnd::Cancelled }
+                    }
+                }
+            }
+        };
+        drop(slot);
+        tracing::debug!(event = %event.id, handler = %event.handler, attempt = event.attempt, ?end, elapsed = ?started.elapsed(), "run ended");
+        // The settler outlives every run (shutdown waits for runs first).
+        let _ = ended.send(Ended {
+            lease,
+            tag,
+            claimed,
+            end,
+        });
+    });
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(no message)".to_string()
+    }
+}
