@@ -1,1 +1,51 @@
-fn main() {}
+//! The `herald` program.
+#![forbid(unsafe_code)]
+
+mod demo;
+
+use clap::{Parser, Subcommand};
+
+/// herald: a durable event queue. The database stores, the queue schedules.
+#[derive(Parser)]
+#[command(name = "herald", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run an embedded herald (SQLite + in-process queue) on a mix of events
+    /// and print what happened.
+    Demo(demo::DemoArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("HERALD_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("herald: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Demo(args) => demo::run(args).await,
+        }
+    });
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("herald: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
