@@ -12,6 +12,8 @@ pub mod model;
 pub mod queue;
 pub mod retry;
 pub mod store;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 pub mod worker;
 
 pub use client::{Client, ClientError, EmitOptions, EmitRequest, Release};

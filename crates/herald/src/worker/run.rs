@@ -62,13 +62,19 @@ pub(super) fn start(
             None => RunEnd::Returned(Outcome::retry(format!("no handler named {:?} here", event.handler))),
             Some(h) => {
                 let call = AssertUnwindSafe(h.call(&event.payload, cx)).catch_unwind();
-                tokio::select! {
-                    // A handler that finished as it was cancelled still reports its outcome; the fence decides.
+                // Cancellation wins a tie: a handler that returns because it was
+                // cancelled has not finished its work.
+                let returned = tokio::select! {
                     biased;
-                    r = call => RunEnd::Returned(r.unwrap_or_else(|panic| Outcome::retry(format!("handler panicked: {}", panic_message(&*panic))))),
-                    _ = cancel.cancelled() => {
-                        if lost.load(Ordering::Acquire) { RunEnd::LeaseLost } else { RunEnd::Cancelled }
-                    }
+                    _ = cancel.cancelled() => None,
+                    r = call => Some(r.unwrap_or_else(|panic| {
+                        Outcome::retry(format!("handler panicked: {}", panic_message(&*panic)))
+                    })),
+                };
+                match returned {
+                    _ if lost.load(Ordering::Acquire) => RunEnd::LeaseLost,
+                    Some(outcome) => RunEnd::Returned(outcome),
+                    None => RunEnd::Cancelled,
                 }
             }
         };

@@ -1,0 +1,158 @@
+//! The conformance test kit: scenarios that every store backend must pass,
+//! run end to end through the real worker runtime and an in-process queue.
+//!
+//! A backend proves itself with one line:
+//!
+//! ```ignore
+//! herald::engine_suite!(my_backend_tests::fresh_store);
+//! ```
+//!
+//! where `fresh_store` is an `async fn() -> herald::testkit::TestStore`
+//! giving each test its own empty store.
+
+pub mod engine;
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::model::EventId;
+use crate::store::Store;
+
+/// A fresh store for one test, and whatever must live as long as it
+/// (a temporary directory, a schema to drop).
+pub struct TestStore {
+    /// The store under test.
+    pub store: Arc<dyn Store>,
+    /// Dropped when the test ends.
+    pub keep: Box<dyn Any + Send + Sync>,
+}
+
+/// Polls `check` every 10 ms until it holds; panics with `what` after `within`.
+pub async fn eventually<F, Fut>(what: &str, within: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if check().await {
+            return;
+        }
+        if start.elapsed() > within {
+            panic!("timed out after {within:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Records which events ran, how often, and with which attempt number.
+#[derive(Clone, Default)]
+pub struct Ledger(Arc<Mutex<HashMap<EventId, Vec<u32>>>>);
+
+impl Ledger {
+    /// Records one run.
+    pub fn record(&self, id: EventId, attempt: u32) {
+        self.0
+            .lock()
+            .expect("ledger lock")
+            .entry(id)
+            .or_default()
+            .push(attempt);
+    }
+
+    /// How many times `id` ran.
+    pub fn runs_of(&self, id: EventId) -> usize {
+        self.0
+            .lock()
+            .expect("ledger lock")
+            .get(&id)
+            .map_or(0, Vec::len)
+    }
+
+    /// The attempt numbers `id` ran with.
+    pub fn attempts_of(&self, id: EventId) -> Vec<u32> {
+        self.0
+            .lock()
+            .expect("ledger lock")
+            .get(&id)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Runs in total.
+    pub fn total(&self) -> usize {
+        self.0
+            .lock()
+            .expect("ledger lock")
+            .values()
+            .map(Vec::len)
+            .sum()
+    }
+
+    /// Distinct events that ran.
+    pub fn distinct(&self) -> usize {
+        self.0.lock().expect("ledger lock").len()
+    }
+}
+
+/// Events stored, in any state.
+pub async fn stored(store: &dyn Store) -> u64 {
+    store
+        .counts()
+        .await
+        .expect("counts")
+        .iter()
+        .map(|c| c.count)
+        .sum()
+}
+
+/// Generates one `#[tokio::test]` per engine scenario, each on a fresh
+/// store from `$make` (an `async fn() -> TestStore`).
+#[macro_export]
+macro_rules! engine_suite {
+    ($make:path) => {
+        $crate::engine_suite!(@tests $make;
+            one_event_succeeds,
+            three_in_sequence,
+            three_at_once,
+            expired_lease_is_claimed_and_run,
+            live_lease_is_not_run_and_kept,
+            block_then_unblock,
+            pause_then_unpause,
+            pause_and_block_then_unpause_is_still_held,
+            pause_and_block_then_unblock_is_still_held,
+            block_and_pause_then_unpause_is_still_held,
+            block_and_pause_then_unblock_is_still_held,
+            unpause_ten_times_in_a_row_runs_once,
+            unpause_ten_times_concurrently_with_several_workers_runs_once,
+            shutdown_within_grace_lets_handlers_finish,
+            shutdown_past_grace_snoozes_and_the_next_worker_runs_them,
+            lost_lease_cancels_the_handler,
+            late_completion_is_refused_by_the_fence,
+            lost_notification_is_run_by_the_reconciler,
+            every_stored_event_is_notified_once_at_start,
+            crash_looping_handler_ends_dead,
+            failures_retry_with_backoff_then_succeed,
+            snooze_gives_the_attempt_back,
+            delayed_event_waits,
+            garbage_on_the_queue_is_dropped,
+            unknown_handler_is_stored_and_kept,
+            bad_payloads_are_refused_and_nothing_is_stored,
+            idempotency_key_runs_once,
+            dead_event_can_be_retried,
+        );
+    };
+    (@tests $make:path; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let fixture: $crate::testkit::TestStore = $make().await;
+                $crate::testkit::engine::$name(fixture.store.clone()).await;
+                drop(fixture);
+            }
+        )*
+    };
+}
