@@ -21,14 +21,18 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    // The demo's dead events are expected: keep its screen for the summary.
+    let default_level = match cli.command {
+        Command::Demo(_) => "error",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("HERALD_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {

@@ -307,6 +307,8 @@ impl Client {
         handler: &str,
         kind: RuleKind,
     ) -> Result<Release, ClientError> {
+        check_name("tenant", tenant)?;
+        check_name("handler", handler)?;
         let rule = Rule {
             tenant: tenant.into(),
             handler: handler.into(),

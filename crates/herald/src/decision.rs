@@ -12,7 +12,7 @@
 //! | PauseCheck | a `block` rule matches | [`Admission::Drop`], event kept | ack |
 //! | PauseCheck | a `pause` rule matches | [`Admission::Drop`], event kept | ack |
 //! | DelayCheck | `run_at` in the future | [`Admission::Requeue`] | nack `run_at - now`, capped |
-//! | HandlerCheck | no handler of that name here | [`Admission::Requeue`] | nack, [`Policy::unknown_handler_delay`] |
+//! | HandlerCheck | no handler of that name here | [`Admission::Drop`], event kept; the reconciler re-offers it | ack |
 //! | LockCheck | a live lease is held | [`Admission::Requeue`] | nack until expiry + jitter |
 //! | LockCheck | expired or no lease, no attempts left | [`Admission::Bury`] | ack |
 //! | LockCheck | no lease, or an expired one | [`Admission::Claim`] | |
@@ -57,9 +57,6 @@ pub struct Policy {
     pub max_queue_delay: Option<Duration>,
     /// Delay after losing a compare-and-set claim. Default 100 ms.
     pub lost_claim_delay: Duration,
-    /// Delay before a notification for a handler this worker does not have
-    /// is offered again (maybe to another worker). Default 30 s.
-    pub unknown_handler_delay: Duration,
     /// Extra random wait after a live lease's expiry, so that the workers who
     /// saw it do not all arrive at once. Default up to 1 s.
     pub lease_jitter: Duration,
@@ -75,7 +72,6 @@ impl Default for Policy {
             retry: RetryPolicy::default(),
             max_queue_delay: None,
             lost_claim_delay: Duration::from_millis(100),
-            unknown_handler_delay: Duration::from_secs(30),
             lease_jitter: Duration::from_secs(1),
             store_retry_delay: Duration::from_secs(1),
             keep_done: false,
@@ -116,6 +112,11 @@ pub enum DropReason {
     Blocked,
     /// The tenant's pause holds it; unpause re-notifies.
     Paused,
+    /// This worker has no handler of that name. The event stays stored and
+    /// the reconciler offers it again after its quiet period. (Requeueing
+    /// instead would pile up notifications: the sweep adds one every quiet
+    /// period while the first keeps circulating.)
+    UnknownHandler,
 }
 
 /// Why a notification goes back to the queue.
@@ -123,8 +124,6 @@ pub enum DropReason {
 pub enum RequeueReason {
     /// `run_at` is in the future.
     NotYetDue,
-    /// This worker has no handler of that name.
-    UnknownHandler,
     /// A live lease is held: the holder may still fail.
     Leased,
     /// Another worker won the claim.
@@ -194,10 +193,7 @@ pub fn admit(seen: Inspection<'_>, policy: &Policy, jitter: f64) -> Admission {
     }
     // HandlerCheck
     if !seen.handler_known {
-        return Admission::Requeue {
-            delay: policy.unknown_handler_delay,
-            reason: RequeueReason::UnknownHandler,
-        };
+        return Admission::Drop(DropReason::UnknownHandler);
     }
     // LockCheck
     if let Some(lease) = event.lease {
@@ -495,17 +491,13 @@ mod tests {
     }
 
     #[test]
-    fn unknown_handler_requeues_and_keeps_the_attempt() {
+    fn unknown_handler_is_dropped_and_kept() {
         let e = event();
         let mut s = seen(Some(&e));
         s.handler_known = false;
-        assert_eq!(
-            admit(s, &policy(), 0.5),
-            Admission::Requeue {
-                delay: Duration::from_secs(30),
-                reason: RequeueReason::UnknownHandler
-            }
-        );
+        let a = admit(s, &policy(), 0.5);
+        assert_eq!(a, Admission::Drop(DropReason::UnknownHandler));
+        assert_eq!(a.reply(), Reply::Ack);
     }
 
     #[test]

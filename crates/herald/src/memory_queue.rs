@@ -70,7 +70,11 @@ impl State {
             self.ready.push_back(payload);
         } else {
             let seq = self.next_seq();
-            self.delayed.insert((now + delay, seq), payload);
+            // A century is forever here; `Instant` would overflow on Duration::MAX.
+            let due = now
+                .checked_add(delay.min(Duration::from_secs(100 * 365 * 24 * 3600)))
+                .unwrap_or(now);
+            self.delayed.insert((due, seq), payload);
         }
     }
 

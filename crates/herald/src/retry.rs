@@ -9,8 +9,9 @@ use std::time::Duration;
 /// `max`, then spread by up to `±jitter` of itself so that a burst of failures
 /// does not come back as a burst.
 ///
-/// Defaults: `base` 1 s, `factor` 2, `max` 1 h, `jitter` 0.2 — attempts 1..=10
-/// wait about 1 s, 2 s, 4 s, … 8.5 min; the default `max_attempts` is 10.
+/// Defaults: `base` 1 s, `factor` 2, `max` 1 h, `jitter` 0.2. With the default
+/// `max_attempts` of 10, the nine waits are about 1 s, 2 s, 4 s, … 256 s:
+/// about 8.5 minutes from the first failure to the tenth attempt.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RetryPolicy {
     /// Delay after the first failed attempt.

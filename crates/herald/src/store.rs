@@ -1,6 +1,7 @@
-//! The `Store` trait: where events live. Every method takes or returns a
-//! batch, so that a backend can group-commit: one statement (or one
-//! transaction) per batch, not per event.
+//! The `Store` trait: where events live. Every hot-path method takes and
+//! returns a batch, so that a backend can group-commit: one statement (or
+//! one transaction) per batch, not per event. Operator methods (rules,
+//! revive, delete, list) take one item.
 //!
 //! Hot-path methods ([`Store::claim`], [`Store::settle`], [`Store::renew`],
 //! [`Store::inspect`]) touch events by primary key only. Lease expiry and

@@ -618,7 +618,7 @@ pub async fn every_stored_event_is_notified_once_at_start(store: Arc<dyn Store>)
     })
     .await;
     assert_eq!(rig.ledger.total(), 2500);
-    assert_eq!(w.stats().reconciled, 2500);
+    assert!(w.stats().reconciled >= 2500);
     w.shutdown(SOON).await;
     assert_eq!(rig.stored().await, 0);
 }
@@ -768,11 +768,12 @@ pub async fn unknown_handler_is_stored_and_kept(store: Arc<dyn Store>) {
     let id = rig
         .emit_to("not_deployed_yet", EmitOptions::default())
         .await;
-    eventually("the notification is requeued", SOON, || {
-        let n = w.stats().requeued;
+    eventually("the notification is dropped", SOON, || {
+        let n = w.stats().dropped;
         async move { n >= 1 }
     })
     .await;
+    assert!(rig.queue.is_empty(), "no notification circulates for it");
     let e = rig.store.get(id).await.unwrap().expect("kept");
     assert_eq!((e.state, e.attempt), (EventState::Pending, 0));
     let counts = rig.client.counts().await.unwrap();

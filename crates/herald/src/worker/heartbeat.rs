@@ -69,6 +69,11 @@ async fn beat(shared: &Shared) {
 }
 
 fn lose(lease: &LeaseRef, run: &super::RunEntry) {
+    // A run that already ended is settled by the fence, not cancelled: a
+    // failed renewal may only mean its settle landed first.
+    if run.ended.load(Ordering::Acquire) {
+        return;
+    }
     if !run.lost.swap(true, Ordering::AcqRel) {
         tracing::warn!(event = %lease.id, "lease lost: cancelling the handler");
         run.cancel.cancel();

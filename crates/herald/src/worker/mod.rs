@@ -19,7 +19,7 @@ mod settle;
 mod stats;
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -239,12 +239,18 @@ pub struct ShutdownReport {
 
 /// Cancels a shutdown's grace period from elsewhere: the "second signal".
 #[derive(Clone, Debug)]
-pub struct ShutdownHandle(CancellationToken);
+pub struct ShutdownHandle {
+    stop_receiving: CancellationToken,
+    cancel_runs: CancellationToken,
+}
 
 impl ShutdownHandle {
-    /// Cancels every running handler now, without waiting for the grace period.
+    /// Stops receiving and cancels every running handler now, without
+    /// waiting for a grace period. [`Worker::shutdown`] still has to be
+    /// called (or be running) to settle the cancelled runs and stop.
     pub fn cancel_now(&self) {
-        self.0.cancel();
+        self.stop_receiving.cancel();
+        self.cancel_runs.cancel();
     }
 }
 
@@ -276,7 +282,10 @@ impl Worker {
 
     /// A handle that cuts the grace period of a shutdown short.
     pub fn shutdown_handle(&self) -> ShutdownHandle {
-        ShutdownHandle(self.shared.cancel_runs.clone())
+        ShutdownHandle {
+            stop_receiving: self.shared.stop_receiving.clone(),
+            cancel_runs: self.shared.cancel_runs.clone(),
+        }
     }
 
     /// Stops the worker: stop receiving; wait up to `grace` for running
@@ -289,10 +298,14 @@ impl Worker {
         let _ = self.receive.await;
         let in_flight = shared.runs.lock().expect("runs lock").len();
         shared.tasks.close();
+        let running = || {
+            let runs = shared.runs.lock().expect("runs lock");
+            runs.values().filter(|r| !r.ended.load(Ordering::Acquire)).count()
+        };
         let cancelled = tokio::select! {
             _ = shared.tasks.wait() => 0,
-            _ = tokio::time::sleep(grace) => shared.runs.lock().expect("runs lock").len(),
-            _ = shared.cancel_runs.cancelled() => shared.runs.lock().expect("runs lock").len(),
+            _ = tokio::time::sleep(grace) => running(),
+            _ = shared.cancel_runs.cancelled() => running(),
         };
         if cancelled > 0 {
             tracing::info!(cancelled, "grace period over: cancelling running handlers");
@@ -320,6 +333,9 @@ pub(crate) struct RunEntry {
     tag: DeliveryTag,
     cancel: CancellationToken,
     lost: Arc<AtomicBool>,
+    /// Set when the handler has returned (or was cancelled); the lease is
+    /// still renewed until the run is settled.
+    ended: Arc<AtomicBool>,
     /// When the store last confirmed the lease (local clock).
     renewed_at: Millis,
 }

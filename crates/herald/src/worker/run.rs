@@ -24,10 +24,11 @@ pub(super) fn start(
     token: LeaseToken,
     tag: DeliveryTag,
     slot: OwnedSemaphorePermit,
-    ended: mpsc::UnboundedSender<Ended>,
+    to_settle: mpsc::UnboundedSender<Ended>,
 ) {
     let cancel = shared.cancel_runs.child_token();
     let lost = Arc::new(AtomicBool::new(false));
+    let ended = Arc::new(AtomicBool::new(false));
     let lease = LeaseRef {
         id: event.id,
         token,
@@ -38,6 +39,7 @@ pub(super) fn start(
             tag: tag.clone(),
             cancel: cancel.clone(),
             lost: lost.clone(),
+            ended: ended.clone(),
             renewed_at: Millis::now(),
         },
     );
@@ -78,10 +80,11 @@ pub(super) fn start(
                 }
             }
         };
+        ended.store(true, Ordering::Release);
         drop(slot);
         tracing::debug!(event = %event.id, handler = %event.handler, attempt = event.attempt, ?end, elapsed = ?started.elapsed(), "run ended");
         // The settler outlives every run (shutdown waits for runs first).
-        let _ = ended.send(Ended {
+        let _ = to_settle.send(Ended {
             lease,
             tag,
             claimed,

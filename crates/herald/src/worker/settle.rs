@@ -72,18 +72,15 @@ async fn settle_batch(shared: &Shared, batch: Vec<Ended>) {
     let mut replies = Vec::with_capacity(batch.len());
     for e in &batch {
         let settlement = decision::settle(e.claimed, e.end.clone(), &policy, Shared::jitter());
-        count(&shared.stats, &e.end, &settlement);
-        if let Settlement::Dead { error } = &settlement {
-            tracing::warn!(event = %e.lease.id, %error, "event is dead");
-        }
         if let Some(finish) = write_for(&settlement) {
             writes.push(Settle {
                 id: e.lease.id,
                 token: Some(e.lease.token),
                 finish,
             });
-            replies.push((e.tag.clone(), settlement.reply()));
+            replies.push((e, settlement));
         } else {
+            count(&shared.stats, &e.end, &settlement);
             tracing::warn!(event = %e.lease.id, "lease lost while running: handler cancelled, nothing written");
         }
     }
@@ -91,9 +88,13 @@ async fn settle_batch(shared: &Shared, batch: Vec<Ended>) {
     if !writes.is_empty() {
         match shared.store.settle(&writes).await {
             Ok(held) => {
-                for ((w, (tag, reply)), ok) in writes.iter().zip(replies).zip(held) {
+                for ((w, (e, settlement)), ok) in writes.iter().zip(replies).zip(held) {
                     if ok {
-                        answers.reply(tag, reply);
+                        count(&shared.stats, &e.end, &settlement);
+                        if let Settlement::Dead { error } = &settlement {
+                            tracing::warn!(event = %w.id, %error, "event is dead");
+                        }
+                        answers.reply(e.tag.clone(), settlement.reply());
                     } else {
                         // Someone else holds the event now; its notification is theirs to answer.
                         WorkerStats::add(&shared.stats.fenced_out, 1);
@@ -104,8 +105,8 @@ async fn settle_batch(shared: &Shared, batch: Vec<Ended>) {
             Err(e) => {
                 WorkerStats::add(&shared.stats.store_errors, 1);
                 tracing::warn!(error = %e, runs = writes.len(), "cannot settle runs; notifications go back to the queue");
-                for (tag, _) in replies {
-                    answers.reply(tag, decision::store_failed(&policy).reply());
+                for (e, _) in replies {
+                    answers.reply(e.tag.clone(), decision::store_failed(&policy).reply());
                 }
             }
         }

@@ -38,7 +38,7 @@ counters! {
     retried,
     /// Runs that failed with no attempts left, or for good.
     dead,
-    /// Runs that snoozed (including shutdown's snooze of 0).
+    /// Runs that snoozed (shutdown's cancellations count as `cancelled`).
     snoozed,
     /// Runs cancelled by shutdown.
     cancelled,
@@ -46,9 +46,9 @@ counters! {
     lease_lost,
     /// Settlements the store refused because the lease token no longer matched.
     fenced_out,
-    /// Notifications dropped (missing, finished, paused or blocked events).
+    /// Notifications dropped (missing, finished, paused or blocked events, unknown handlers).
     dropped,
-    /// Notifications put back on the queue without running (not due, leased, lost claim, unknown handler, store failure).
+    /// Notifications put back on the queue without running (not due, leased, lost claim, store failure).
     requeued,
     /// Events whose last attempt's worker died; moved to dead.
     buried,
