@@ -1,0 +1,106 @@
+//! The query plans of the store's statements: the hot path searches by
+//! primary key, the rest walk the index meant for them; no scan of `events`
+//! except counts() (a covering index scan, by design).
+
+use super::*;
+
+/// `EXPLAIN QUERY PLAN`'s detail lines, with rarray parameters bound.
+pub(crate) fn plan(conn: &Connection, sql: &str) -> String {
+    let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+    for i in 1..=stmt.parameter_count() {
+        if sql.contains(&format!("rarray(?{i})")) {
+            let v: Array = Rc::new(vec![Value::Blob(vec![0; 16])]);
+            stmt.raw_bind_parameter(i, v).unwrap();
+        }
+    }
+    let mut rows = stmt.raw_query();
+    let mut out = Vec::new();
+    while let Some(r) = rows.next().unwrap() {
+        out.push(r.get::<_, String>(3).unwrap());
+    }
+    out.join("\n")
+}
+
+fn conn() -> (tempfile::TempDir, Connection) {
+    let dir = tempfile::tempdir().unwrap();
+    let conn = schema::open(&dir.path().join("plan.db")).unwrap();
+    (dir, conn)
+}
+
+fn assert_plan(conn: &Connection, name: &str, sql: &str, expect: &str) {
+    let p = plan(conn, sql);
+    assert!(
+        p.contains(expect),
+        "{name}: expected `{expect}` in plan:\n{p}"
+    );
+    assert!(
+        !p.lines()
+            .any(|l| l.starts_with("SCAN events") || l.starts_with("SCAN e ")),
+        "{name}: scans events:\n{p}"
+    );
+}
+
+#[test]
+fn claim_searches_by_primary_key() {
+    let (_dir, conn) = conn();
+    for sql in [CLAIM_ONE_SQL, CLAIM_BATCH_SQL] {
+        let p = plan(&conn, sql);
+        assert!(
+            p.starts_with("SEARCH events USING PRIMARY KEY (id=?)"),
+            "{p}"
+        );
+        assert!(
+            p.contains("SEARCH r USING PRIMARY KEY (tenant=? AND handler=?)"),
+            "{p}"
+        );
+        assert!(!p.contains("SCAN events"), "{p}");
+    }
+    assert_eq!(
+        plan(&conn, HANDLER_OF_SQL),
+        "SEARCH events USING PRIMARY KEY (id=?)"
+    );
+}
+
+#[test]
+fn other_statements_use_their_indexes() {
+    let (_dir, conn) = conn();
+    let pk = "SEARCH events USING PRIMARY KEY (id=?)";
+    for (name, sql, expect) in [
+        ("settle delete", SETTLE_DELETE_SQL, pk),
+        ("settle archive", SETTLE_ARCHIVE_SQL, pk),
+        ("settle release", SETTLE_RELEASE_SQL, pk),
+        ("settle bury", SETTLE_BURY_SQL, pk),
+        (
+            "emit key check",
+            EXISTING_KEY_SQL,
+            "SEARCH events USING COVERING INDEX events_live_key",
+        ),
+        (
+            "renotify",
+            RENOTIFY_SQL,
+            "USING COVERING INDEX events_by_handler (tenant=? AND handler=? AND state=? AND id>?)",
+        ),
+        (
+            "unpark",
+            UNPARK_SQL,
+            "USING INDEX events_by_handler (tenant=? AND handler=? AND state=?)",
+        ),
+        (
+            "purge",
+            PURGE_SQL,
+            "USING COVERING INDEX events_finished (state=? AND finished_at<?)",
+        ),
+        (
+            "sweep expired",
+            SWEEP_EXPIRED_SQL,
+            "SEARCH e USING INDEX events_by_lease ((lease_expires_at,id)>(?,?)",
+        ),
+        (
+            "sweep quiet",
+            SWEEP_QUIET_SQL,
+            "SEARCH e USING INDEX events_to_notify ((notified_at,id)>(?,?)",
+        ),
+    ] {
+        assert_plan(&conn, name, sql, expect);
+    }
+}

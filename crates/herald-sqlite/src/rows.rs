@@ -1,0 +1,112 @@
+//! Conversions between herald's types and SQLite values.
+
+use herald::store::StoreError;
+use herald::{Event, EventId, EventState, Lease, LeaseToken, Millis};
+use rusqlite::types::Type;
+use rusqlite::Row;
+use uuid::Uuid;
+
+/// The columns [`event`] reads, in order.
+pub(crate) const EVENT_COLUMNS: &str = "id, tenant, handler, payload, state, run_at, attempt, \
+     max_attempts, lease_token, lease_expires_at, last_error, idempotency_key, created_at, \
+     updated_at";
+
+/// `notified_at` of a parked event: a rule holds it; removing the rule
+/// re-notifies it.
+pub(crate) const PARKED: i64 = i64::MAX;
+
+/// Wraps a rusqlite error as a backend error naming the operation.
+pub(crate) fn backend(op: &str, e: rusqlite::Error) -> StoreError {
+    StoreError::Backend(format!("{op}: {e}"))
+}
+
+/// `.ctx("op")` on rusqlite results.
+pub(crate) trait Ctx<T> {
+    fn ctx(self, op: &str) -> Result<T, StoreError>;
+}
+
+impl<T> Ctx<T> for rusqlite::Result<T> {
+    fn ctx(self, op: &str) -> Result<T, StoreError> {
+        self.map_err(|e| backend(op, e))
+    }
+}
+
+pub(crate) fn state_code(s: EventState) -> i64 {
+    match s {
+        EventState::Pending => 0,
+        EventState::Dead => 1,
+        EventState::Done => 2,
+    }
+}
+
+fn bad(idx: usize, ty: Type, what: String) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(idx, ty, what.into())
+}
+
+fn state_from(idx: usize, v: i64) -> rusqlite::Result<EventState> {
+    match v {
+        0 => Ok(EventState::Pending),
+        1 => Ok(EventState::Dead),
+        2 => Ok(EventState::Done),
+        other => Err(bad(
+            idx,
+            Type::Integer,
+            format!("unknown event state {other}"),
+        )),
+    }
+}
+
+fn uuid_at(row: &Row<'_>, idx: usize) -> rusqlite::Result<Uuid> {
+    let bytes: [u8; 16] = row.get(idx)?;
+    Ok(Uuid::from_bytes(bytes))
+}
+
+fn u32_at(row: &Row<'_>, idx: usize) -> rusqlite::Result<u32> {
+    let v: i64 = row.get(idx)?;
+    u32::try_from(v).map_err(|_| bad(idx, Type::Integer, format!("{v} is out of range")))
+}
+
+/// Reads an id column.
+pub(crate) fn event_id(row: &Row<'_>, idx: usize) -> rusqlite::Result<EventId> {
+    uuid_at(row, idx).map(EventId)
+}
+
+/// Reads [`EVENT_COLUMNS`] starting at column 0.
+pub(crate) fn event(row: &Row<'_>) -> rusqlite::Result<Event> {
+    let token: Option<[u8; 16]> = row.get(8)?;
+    let expires: Option<i64> = row.get(9)?;
+    let lease = match (token, expires) {
+        (Some(t), Some(at)) => Some(Lease {
+            token: LeaseToken(Uuid::from_bytes(t)),
+            expires_at: Millis(at),
+        }),
+        (None, None) => None,
+        _ => {
+            return Err(bad(
+                8,
+                Type::Blob,
+                "lease_token and lease_expires_at must both be set or both NULL".into(),
+            ))
+        }
+    };
+    Ok(Event {
+        id: event_id(row, 0)?,
+        tenant: row.get(1)?,
+        handler: row.get(2)?,
+        payload: row.get(3)?,
+        state: state_from(4, row.get(4)?)?,
+        run_at: Millis(row.get(5)?),
+        attempt: u32_at(row, 6)?,
+        max_attempts: u32_at(row, 7)?,
+        lease,
+        last_error: row.get(10)?,
+        idempotency_key: row.get(11)?,
+        created_at: Millis(row.get(12)?),
+        updated_at: Millis(row.get(13)?),
+    })
+}
+
+/// Reads a state column.
+pub(crate) fn state_at(row: &Row<'_>, idx: usize) -> rusqlite::Result<EventState> {
+    state_from(idx, row.get(idx)?)
+}
