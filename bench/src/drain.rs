@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use herald::{Client, Context, EmitRequest, EmitOptions, MemoryQueue, Worker};
+use herald::{Client, Context, EmitOptions, EmitRequest, MemoryQueue, Worker};
 use herald_sqlite::SqliteStore;
 
 #[derive(Parser)]
@@ -30,7 +30,10 @@ struct Args {
 #[tokio::main]
 async fn main() {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("HERALD_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("HERALD_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
         .init();
     let args = Args::parse();
     let dir = tempfile::tempdir_in(&args.dir).expect("a temporary directory");
@@ -73,7 +76,13 @@ async fn main() {
     let drain = t.elapsed().as_secs_f64();
     let stats = worker.stats();
     worker.shutdown(Duration::from_secs(5)).await;
-    let left: u64 = client.counts().await.expect("counts").iter().map(|c| c.count).sum();
+    let left: u64 = client
+        .counts()
+        .await
+        .expect("counts")
+        .iter()
+        .map(|c| c.count)
+        .sum();
     assert_eq!(left, 0, "every event must be deleted after the drain");
     println!(
         "drain events={} emit_s={:.2} emit_per_s={:.0} drain_s={:.3} events_per_s={:.0} claimed={} requeued={}",

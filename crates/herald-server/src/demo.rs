@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use herald::{Client, Context, EmitOptions, EmitRequest, HandlerError, MemoryQueue, RetryPolicy, Worker};
+use herald::{
+    Client, Context, EmitOptions, EmitRequest, HandlerError, MemoryQueue, RetryPolicy, Worker,
+};
 use herald_sqlite::SqliteStore;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -52,7 +54,10 @@ pub enum DemoError {
 
 pub async fn run(args: DemoArgs) -> Result<(), DemoError> {
     let tmp = tempfile::tempdir().map_err(DemoError::TempDir)?;
-    let path = args.db.clone().unwrap_or_else(|| tmp.path().join("herald.db"));
+    let path = args
+        .db
+        .clone()
+        .unwrap_or_else(|| tmp.path().join("herald.db"));
     let store = Arc::new(SqliteStore::open(&path)?);
     let queue = Arc::new(MemoryQueue::default());
     let client = Client::new(store.clone(), queue.clone());
@@ -94,10 +99,25 @@ pub async fn run(args: DemoArgs) -> Result<(), DemoError> {
         }
     };
     add("report", PAUSED, EmitOptions::default(), &mut batch);
-    add("reminder", DELAYED, EmitOptions::default().delay(Duration::from_secs(2)), &mut batch);
+    add(
+        "reminder",
+        DELAYED,
+        EmitOptions::default().delay(Duration::from_secs(2)),
+        &mut batch,
+    );
     add("sync_crm", FLAKY, EmitOptions::default(), &mut batch);
-    add("charge_card", DOOMED, EmitOptions::default().max_attempts(3), &mut batch);
-    add("send_email", args.events, EmitOptions::default(), &mut batch);
+    add(
+        "charge_card",
+        DOOMED,
+        EmitOptions::default().max_attempts(3),
+        &mut batch,
+    );
+    add(
+        "send_email",
+        args.events,
+        EmitOptions::default(),
+        &mut batch,
+    );
     for chunk in batch.chunks(1000) {
         client.emit_batch(chunk.to_vec()).await?;
     }
@@ -134,7 +154,10 @@ pub async fn run(args: DemoArgs) -> Result<(), DemoError> {
         bar.set_message(format!("retried {}  dead {}", s.retried, s.dead));
         if !unpaused && started.elapsed() >= Duration::from_secs(1) {
             let r = client.unpause(TENANT, "report").await?;
-            bar.println(format!("unpaused report: {} events re-notified", r.notified));
+            bar.println(format!(
+                "unpaused report: {} events re-notified",
+                r.notified
+            ));
             unpaused = true;
         }
         if finished >= total as u64 {
@@ -152,17 +175,31 @@ pub async fn run(args: DemoArgs) -> Result<(), DemoError> {
     worker.shutdown(Duration::from_secs(5)).await;
     let counts = client.counts().await?;
     let stored = |state: herald::EventState| -> u64 {
-        counts.iter().filter(|c| c.state == state).map(|c| c.count).sum()
+        counts
+            .iter()
+            .filter(|c| c.state == state)
+            .map(|c| c.count)
+            .sum()
     };
     println!();
     println!("done     {:>8}", stats.done);
-    println!("retried  {:>8}   failed attempts that ran again", stats.retried);
-    println!("dead     {:>8}   stored for inspection and manual retry", stored(herald::EventState::Dead));
+    println!(
+        "retried  {:>8}   failed attempts that ran again",
+        stats.retried
+    );
+    println!(
+        "dead     {:>8}   stored for inspection and manual retry",
+        stored(herald::EventState::Dead)
+    );
     println!("pending  {:>8}", stored(herald::EventState::Pending));
     println!(
         "duration {:>8.2} s (from the first emit; includes the 2 s delay and the 1 s pause)",
         elapsed.as_secs_f64()
     );
-    println!("rate     {:>8.0} events/s overall; {:.0} events/s in the busiest second", total as f64 / elapsed.as_secs_f64(), peak);
+    println!(
+        "rate     {:>8.0} events/s overall; {:.0} events/s in the busiest second",
+        total as f64 / elapsed.as_secs_f64(),
+        peak
+    );
     Ok(())
 }

@@ -29,12 +29,13 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use herald::store::{
     Count, EventFilter, Finish, Inspected, Inspection, LeaseRef, Scheduled, Settle, StoreResult,
+    SweepPage, SweepPass,
 };
 use herald::{
     Emitted, Event, EventId, EventState, LeaseToken, Millis, NewEvent, Notification, Rule,
@@ -56,29 +57,7 @@ pub use crate::schema::SCHEMA_VERSION;
 pub struct SqliteStore {
     jobs: mpsc::Sender<Box<dyn Job>>,
     path: Arc<PathBuf>,
-    /// The reconciler's sweep pass in progress (see [`SweepPass`]), set
-    /// after each committed sweep call.
-    sweep_pass: Arc<Mutex<Option<SweepPass>>>,
 }
-
-/// A sweep pass that returned full pages so far: the caller pages on.
-///
-/// The trait's sweep is stateless ("calling again returns the next ones"),
-/// but its quiet cutoff is relative to now: with `quiet` shorter than a pass
-/// takes (the runtime's start-up sweep uses zero), events stamped by the
-/// first pages would fall under the cutoff again and the pass would never
-/// end. So a call that follows a full page within [`PASS_GAP`] keeps the
-/// cutoff of the pass's first call; every event it stamped is newer than
-/// that cutoff and is not returned twice in one pass.
-#[derive(Clone, Copy, Debug)]
-struct SweepPass {
-    quiet: Duration,
-    cutoff: i64,
-    last_call: Millis,
-}
-
-/// A sweep call more than this after the last full page starts a new pass.
-const PASS_GAP: Duration = Duration::from_secs(10);
 
 impl std::fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -116,7 +95,6 @@ impl SqliteStore {
         Ok(SqliteStore {
             jobs,
             path: Arc::new(path),
-            sweep_pass: Arc::new(Mutex::new(None)),
         })
     }
 
@@ -663,32 +641,21 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn sweep(&self, quiet: Duration, limit: usize) -> StoreResult<Vec<Scheduled>> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let pass = *self
-            .sweep_pass
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let result = self
-            .call("sweep", move |conn, now| {
-                let cutoff = match pass {
-                    Some(p)
-                        if p.quiet == quiet
-                            && now >= p.last_call
-                            && p.last_call.plus(PASS_GAP) >= now =>
-                    {
-                        p.cutoff
-                    }
-                    _ => now.minus(quiet).0,
-                };
-                let mut out = Vec::new();
-                let mut parked = 0;
-                let park_cap = limit.saturating_mul(PARK_FACTOR);
+    async fn sweep(
+        &self,
+        quiet: Duration,
+        pass: Option<SweepPass>,
+        limit: usize,
+    ) -> StoreResult<SweepPage> {
+        self.call("sweep", move |conn, now| {
+            let cutoff = pass.map_or_else(|| now.minus(quiet), |p| p.cutoff);
+            let mut out = Vec::new();
+            let mut parked = 0;
+            let park_cap = limit.saturating_mul(PARK_FACTOR);
+            if limit > 0 {
                 unpark_orphans(conn, park_cap)?;
-                // Dead workers' events first: their leases expired and they were
-                // not notified since; they need no quiet period.
+                // Dead workers' events first: their leases expired and they
+                // were not notified since; they need no quiet period.
                 sweep_source(
                     conn,
                     SWEEP_EXPIRED_SQL,
@@ -699,36 +666,28 @@ impl Store for SqliteStore {
                     &mut parked,
                     &mut out,
                 )?;
-                // Then everything due and not notified for `quiet` (before the
-                // pass began).
+                // Then everything due and not notified since the pass's cutoff.
                 sweep_source(
                     conn,
                     SWEEP_QUIET_SQL,
                     now,
-                    cutoff,
+                    cutoff.0,
                     limit,
                     park_cap,
                     &mut parked,
                     &mut out,
                 )?;
-                if parked > 0 {
-                    tracing::debug!(parked, "herald-sqlite: sweep parked events held by rules");
-                }
-                let next = (out.len() >= limit).then_some(SweepPass {
-                    quiet,
-                    cutoff,
-                    last_call: now,
-                });
-                Ok((out, next))
+            }
+            if parked > 0 {
+                tracing::debug!(parked, "herald-sqlite: sweep parked events held by rules");
+            }
+            Ok(SweepPage {
+                complete: out.len() < limit && parked < park_cap,
+                due: out,
+                pass: SweepPass { cutoff },
             })
-            .await;
-        // The pass goes on only from a committed full page.
-        let next = result.as_ref().ok().and_then(|(_, next)| *next);
-        *self
-            .sweep_pass
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = next;
-        result.map(|(out, _)| out)
+        })
+        .await
     }
 
     async fn lead(&self, role: &str, holder: &str, lease: Duration) -> StoreResult<bool> {

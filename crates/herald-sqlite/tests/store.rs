@@ -31,6 +31,15 @@ fn fixture() -> Fixture {
     }
 }
 
+/// One page of a new sweep pass.
+async fn sweep(
+    store: &SqliteStore,
+    quiet: Duration,
+    limit: usize,
+) -> Vec<herald::store::Scheduled> {
+    store.sweep(quiet, None, limit).await.unwrap().due
+}
+
 fn new_event(tenant: &str, handler: &str) -> NewEvent {
     NewEvent {
         id: EventId::new(),
@@ -1195,7 +1204,7 @@ async fn sweep_pages_through_due_events_and_skips_held_ones() {
     let mut pages = Vec::new();
     let mut seen = Vec::new();
     loop {
-        let page = f.store.sweep(quiet, 1000).await.unwrap();
+        let page = sweep(&f.store, quiet, 1000).await;
         if page.is_empty() {
             break;
         }
@@ -1224,7 +1233,7 @@ async fn sweep_pages_through_due_events_and_skips_held_ones() {
         assert_eq!(notified_at(&f.path, *id), i64::MAX);
     }
     // Returned ones were stamped now, so a second sweep finds nothing.
-    assert!(f.store.sweep(quiet, 1000).await.unwrap().is_empty());
+    assert!(sweep(&f.store, quiet, 1000).await.is_empty());
 
     // Unpause re-notifies the parked ones.
     f.store.remove_rule(&pause("paused", "h")).await.unwrap();
@@ -1264,15 +1273,17 @@ async fn a_sweep_pass_with_no_quiet_returns_each_due_event_once_and_ends() {
     }
     let mut pages = Vec::new();
     let mut seen = HashSet::new();
+    let mut pass = None;
     loop {
         // Let the clock move, as publishing a page would.
         tokio::time::sleep(Duration::from_millis(5)).await;
-        let page = f.store.sweep(Duration::ZERO, 1000).await.unwrap();
-        pages.push(page.len());
-        for s in &page {
+        let page = f.store.sweep(Duration::ZERO, pass, 1000).await.unwrap();
+        pass = Some(page.pass);
+        pages.push(page.due.len());
+        for s in &page.due {
             assert!(seen.insert(s.notification.event_id), "returned twice");
         }
-        if page.len() < 1000 {
+        if page.complete {
             break;
         }
         assert!(pages.len() < 10, "the pass does not end");
@@ -1282,10 +1293,7 @@ async fn a_sweep_pass_with_no_quiet_returns_each_due_event_once_and_ends() {
     // A new pass with no quiet: all of them again, since all were notified
     // before it began.
     tokio::time::sleep(Duration::from_millis(5)).await;
-    assert_eq!(
-        f.store.sweep(Duration::ZERO, 1000).await.unwrap().len(),
-        1000
-    );
+    assert_eq!(sweep(&f.store, Duration::ZERO, 1000).await.len(), 1000);
 }
 
 #[tokio::test]
@@ -1308,18 +1316,15 @@ async fn events_parked_under_a_rule_that_is_gone_are_swept_again() {
     f.store.add_rule(&pause("p", "h")).await.unwrap();
     f.store.add_rule(&pause("b", "h")).await.unwrap();
     f.store.add_rule(&block("b", "h")).await.unwrap();
-    assert!(f.store.sweep(quiet, 100).await.unwrap().is_empty());
+    assert!(sweep(&f.store, quiet, 100).await.is_empty());
     for e in held.iter().chain([&still_held]) {
         assert_eq!(notified_at(&f.path, e.id), i64::MAX);
     }
     // Unpause "p" and crash before paging; unpause "b", still blocked.
     f.store.remove_rule(&pause("p", "h")).await.unwrap();
     f.store.remove_rule(&pause("b", "h")).await.unwrap();
-    let got: HashSet<EventId> = f
-        .store
-        .sweep(quiet, 100)
+    let got: HashSet<EventId> = sweep(&f.store, quiet, 100)
         .await
-        .unwrap()
         .into_iter()
         .map(|s| s.notification.event_id)
         .collect();
@@ -1332,7 +1337,7 @@ async fn events_parked_under_a_rule_that_is_gone_are_swept_again() {
         rows.collect::<Result<_, _>>().unwrap()
     };
     assert_eq!(pairs, vec![("b".to_string(), "h".to_string())]);
-    assert!(f.store.sweep(quiet, 100).await.unwrap().is_empty());
+    assert!(sweep(&f.store, quiet, 100).await.is_empty());
 }
 
 #[tokio::test]
@@ -1353,12 +1358,12 @@ async fn sweep_limits_parking_per_call_and_goes_on() {
     let mut total = 0;
     let mut calls = 0;
     while total < 3 {
-        total += f.store.sweep(quiet, 2).await.unwrap().len();
+        total += sweep(&f.store, quiet, 2).await.len();
         calls += 1;
         assert!(calls < 10);
     }
     assert_eq!(total, 3);
-    assert!(f.store.sweep(quiet, 2).await.unwrap().is_empty());
+    assert!(sweep(&f.store, quiet, 2).await.is_empty());
     let parked: i64 = raw(&f.path)
         .query_row(
             "SELECT count(*) FROM events WHERE notified_at = 9223372036854775807",

@@ -133,6 +133,25 @@ pub struct Scheduled {
     pub delay: Duration,
 }
 
+/// Where a sweep pass is: its cutoff, fixed by the pass's first page by the
+/// store's clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SweepPass {
+    /// Events notified at or after this are not due for re-notification.
+    pub cutoff: Millis,
+}
+
+/// One page of a sweep.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SweepPage {
+    /// Notifications to publish (all due now).
+    pub due: Vec<Scheduled>,
+    /// The cursor for the next page of this pass.
+    pub pass: SweepPass,
+    /// True when this pass found nothing more.
+    pub complete: bool,
+}
+
 /// Which events to list.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EventFilter {
@@ -217,12 +236,23 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
     ) -> StoreResult<Vec<Scheduled>>;
 
-    /// The reconciler's sweep: up to `limit` pending events that are due,
-    /// not held by a rule, unleased or expired, and either not notified for
-    /// `quiet` or not notified since their lease expired. Stamps them as
-    /// notified now, so calling again returns the next ones; an empty result
-    /// means the sweep is complete.
-    async fn sweep(&self, quiet: Duration, limit: usize) -> StoreResult<Vec<Scheduled>>;
+    /// One page of the reconciler's sweep: up to `limit` pending events
+    /// that are due, not held by a rule, unleased or expired, and either not
+    /// notified since the pass's cutoff (`now - quiet` at its first page) or
+    /// not notified since their lease expired. Stamps them as notified now.
+    /// Events held by a rule may be parked (stamped so that the sweep skips
+    /// them until unpause or unblock re-notifies them).
+    ///
+    /// Start a pass with `pass: None`, then pass each page's
+    /// [`SweepPage::pass`] to the next call until a page says it is
+    /// complete. The fixed cutoff is what ends a pass whose quiet period is
+    /// shorter than the pass itself takes.
+    async fn sweep(
+        &self,
+        quiet: Duration,
+        pass: Option<SweepPass>,
+        limit: usize,
+    ) -> StoreResult<SweepPage>;
 
     /// Takes or keeps the named leader lease for `holder` for `lease`.
     /// Returns whether `holder` leads now.

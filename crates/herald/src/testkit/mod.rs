@@ -133,7 +133,7 @@ macro_rules! engine_suite {
             lost_lease_cancels_the_handler,
             late_completion_is_refused_by_the_fence,
             lost_notification_is_run_by_the_reconciler,
-            every_stored_event_is_notified_once_at_start,
+            every_stored_event_runs_after_a_restart,
             crash_looping_handler_ends_dead,
             failures_retry_with_backoff_then_succeed,
             snooze_gives_the_attempt_back,

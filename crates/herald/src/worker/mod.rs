@@ -300,7 +300,9 @@ impl Worker {
         shared.tasks.close();
         let running = || {
             let runs = shared.runs.lock().expect("runs lock");
-            runs.values().filter(|r| !r.ended.load(Ordering::Acquire)).count()
+            runs.values()
+                .filter(|r| !r.ended.load(Ordering::Acquire))
+                .count()
         };
         let cancelled = tokio::select! {
             _ = shared.tasks.wait() => 0,

@@ -59,11 +59,12 @@ pub(super) async fn reconcile_loop(shared: Arc<Shared>) {
 
 /// Pages through the sweep until it is complete. Returns false if it stopped early.
 async fn sweep(shared: &Shared, quiet: Duration) -> bool {
+    let mut pass = None;
     loop {
         if shared.stop_background.is_cancelled() {
             return false;
         }
-        let page = match shared.store.sweep(quiet, PAGE).await {
+        let page = match shared.store.sweep(quiet, pass, PAGE).await {
             Ok(p) => p,
             Err(e) => {
                 WorkerStats::add(&shared.stats.store_errors, 1);
@@ -71,25 +72,29 @@ async fn sweep(shared: &Shared, quiet: Duration) -> bool {
                 return false;
             }
         };
-        if page.is_empty() {
+        pass = Some(page.pass);
+        let n = page.due.len();
+        if n == 0 && page.complete {
             return true;
         }
-        let n = page.len();
         let batch: Vec<Publish> = page
+            .due
             .into_iter()
             .map(|s| Publish {
                 notification: s.notification,
                 delay: s.delay,
             })
             .collect();
-        if let Err(e) = shared.queue.publish(&batch).await {
-            // They are stamped as notified; the next quiet period brings them back.
-            tracing::warn!(error = %e, events = n, "cannot publish reconciled notifications");
-            return false;
+        if n > 0 {
+            if let Err(e) = shared.queue.publish(&batch).await {
+                // They are stamped as notified; the next quiet period brings them back.
+                tracing::warn!(error = %e, events = n, "cannot publish reconciled notifications");
+                return false;
+            }
         }
         WorkerStats::add(&shared.stats.reconciled, n);
         tracing::debug!(events = n, "reconciler notified events");
-        if n < PAGE {
+        if page.complete {
             return true;
         }
     }
