@@ -17,12 +17,12 @@ use crate::store::{Finish, Settle};
 pub(super) async fn receive_loop(shared: Arc<Shared>, ended: mpsc::UnboundedSender<Ended>) {
     let mut pause = Duration::from_millis(50);
     loop {
-        // Wait for one free slot, then take as many as are free.
         let mut slots = tokio::select! {
-            p = shared.slots.clone().acquire_owned() => p.expect("the slot semaphore is never closed"),
+            p = free_slots(&shared) => p,
             _ = shared.stop_receiving.cancelled() => return,
         };
-        let room = (1 + shared.slots.available_permits()).min(shared.config.batch);
+        let held = slots.num_permits();
+        let room = (held + shared.slots.available_permits()).min(shared.config.batch);
         let received = tokio::select! {
             r = shared.queue.receive(room) => r,
             _ = shared.stop_receiving.cancelled() => return,
@@ -45,14 +45,16 @@ pub(super) async fn receive_loop(shared: Arc<Shared>, ended: mpsc::UnboundedSend
         };
         pause = Duration::from_millis(50);
         let n = deliveries.len().min(room);
-        if n > 1 {
+        if n > held {
             // Only this loop takes slots, so the ones counted above are still free.
             let more = shared
                 .slots
                 .clone()
-                .try_acquire_many_owned((n - 1) as u32)
+                .try_acquire_many_owned((n - held) as u32)
                 .expect("free slots were counted by this loop");
             slots.merge(more);
+        } else if n < held {
+            drop(slots.split(held - n));
         }
         shared.tasks.spawn(admit_batch(
             shared.clone(),
@@ -61,6 +63,28 @@ pub(super) async fn receive_loop(shared: Arc<Shared>, ended: mpsc::UnboundedSend
             ended.clone(),
         ));
     }
+}
+
+/// How long to wait for slots to free up into a worthwhile batch.
+const LINGER: Duration = Duration::from_millis(1);
+
+/// Waits for a free slot. When slots are scarce (the worker is busy), waits
+/// up to [`LINGER`] for a quarter of a batch to free up, so that a busy
+/// worker claims in batches rather than one event per store call as each
+/// run ends. An idle worker has slots to spare and never lingers.
+async fn free_slots(shared: &Shared) -> OwnedSemaphorePermit {
+    let want = (shared.config.batch.min(shared.config.concurrency) / 4).max(1) as u32;
+    let slots = shared.slots.clone();
+    if let Ok(p) = slots.clone().try_acquire_many_owned(want) {
+        return p;
+    }
+    if let Ok(p) = tokio::time::timeout(LINGER, slots.clone().acquire_many_owned(want)).await {
+        return p.expect("the slot semaphore is never closed");
+    }
+    slots
+        .acquire_owned()
+        .await
+        .expect("the slot semaphore is never closed")
 }
 
 /// Claims a batch in one store call; runs what was claimed; asks the store
