@@ -154,10 +154,8 @@ pub async fn run(args: DemoArgs) -> Result<(), DemoError> {
         bar.set_message(format!("retried {}  dead {}", s.retried, s.dead));
         if !unpaused && started.elapsed() >= Duration::from_secs(1) {
             let r = client.unpause(TENANT, "report").await?;
-            bar.println(format!(
-                "unpaused report: {} events re-notified",
-                r.notified
-            ));
+            // `suspend`, not `bar.println`: that prints nothing when the bar is hidden (no terminal).
+            bar.suspend(|| println!("unpaused report: {} events re-notified", r.notified));
             unpaused = true;
         }
         if finished >= total as u64 {
