@@ -291,14 +291,7 @@ impl Client {
         handler: &str,
         kind: RuleKind,
     ) -> Result<bool, ClientError> {
-        check_name("tenant", tenant)?;
-        check_name("handler", handler)?;
-        let rule = Rule {
-            tenant: tenant.into(),
-            handler: handler.into(),
-            kind,
-        };
-        Ok(self.store.add_rule(&rule).await?)
+        Ok(self.store.add_rule(&rule(tenant, handler, kind)?).await?)
     }
 
     async fn remove_rule(
@@ -307,14 +300,10 @@ impl Client {
         handler: &str,
         kind: RuleKind,
     ) -> Result<Release, ClientError> {
-        check_name("tenant", tenant)?;
-        check_name("handler", handler)?;
-        let rule = Rule {
-            tenant: tenant.into(),
-            handler: handler.into(),
-            kind,
-        };
-        let removed = self.store.remove_rule(&rule).await?;
+        let removed = self
+            .store
+            .remove_rule(&rule(tenant, handler, kind)?)
+            .await?;
         let still_held = self.store.rules_for(tenant, handler).await?;
         let mut release = Release {
             removed,
@@ -383,6 +372,16 @@ impl Client {
     pub async fn rules(&self) -> Result<Vec<Rule>, ClientError> {
         Ok(self.store.rules().await?)
     }
+}
+
+fn rule(tenant: &str, handler: &str, kind: RuleKind) -> Result<Rule, ClientError> {
+    check_name("tenant", tenant)?;
+    check_name("handler", handler)?;
+    Ok(Rule {
+        tenant: tenant.into(),
+        handler: handler.into(),
+        kind,
+    })
 }
 
 fn publishes(page: Vec<Scheduled>) -> Vec<Publish> {

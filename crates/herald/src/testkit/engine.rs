@@ -104,14 +104,30 @@ impl Rig {
             async move { n >= 1 }
         })
         .await;
+        self.until_gone(id).await;
+        tokio::time::sleep(QUIET).await;
+        assert_eq!(self.ledger.runs_of(id), 1, "the event ran more than once");
+    }
+
+    async fn until_gone(&self, id: EventId) {
         let store = self.store.clone();
-        eventually("the event is deleted", SOON, || {
+        eventually("the event is done and deleted", SOON, || {
             let store = store.clone();
             async move { store.get(id).await.expect("get").is_none() }
         })
         .await;
-        tokio::time::sleep(QUIET).await;
-        assert_eq!(self.ledger.runs_of(id), 1, "the event ran more than once");
+    }
+
+    async fn until_dead(&self, id: EventId) {
+        let store = self.store.clone();
+        eventually("the event is dead", SOON, || {
+            let store = store.clone();
+            async move {
+                let e = store.get(id).await.expect("get");
+                e.is_some_and(|e| e.state == EventState::Dead)
+            }
+        })
+        .await;
     }
 
     async fn never_runs_for_a_while(&self, id: EventId) {
@@ -647,18 +663,7 @@ pub async fn crash_looping_handler_ends_dead(store: Arc<dyn Store>) {
     let id = rig
         .emit_to("crash", EmitOptions::default().max_attempts(3))
         .await;
-    let store = rig.store.clone();
-    eventually("the event is dead", SOON, || {
-        let store = store.clone();
-        async move {
-            store
-                .get(id)
-                .await
-                .unwrap()
-                .is_some_and(|e| e.state == EventState::Dead)
-        }
-    })
-    .await;
+    rig.until_dead(id).await;
     tokio::time::sleep(QUIET).await;
     assert_eq!(runs.load(Ordering::SeqCst), 3);
     let e = rig.store.get(id).await.unwrap().unwrap();
@@ -693,12 +698,7 @@ pub async fn failures_retry_with_backoff_then_succeed(store: Arc<dyn Store>) {
         })
         .start();
     let id = rig.emit_to("flaky", EmitOptions::default()).await;
-    let store = rig.store.clone();
-    eventually("the event is done", SOON, || {
-        let store = store.clone();
-        async move { store.get(id).await.unwrap().is_none() }
-    })
-    .await;
+    rig.until_gone(id).await;
     assert_eq!(rig.ledger.attempts_of(id), vec![1, 2, 3]);
     let s = w.stats();
     assert_eq!((s.retried, s.done, s.dead), (2, 1, 0));
@@ -725,12 +725,7 @@ pub async fn snooze_gives_the_attempt_back(store: Arc<dyn Store>) {
     let id = rig
         .emit_to("sleepy", EmitOptions::default().max_attempts(1))
         .await;
-    let store = rig.store.clone();
-    eventually("the event is done", SOON, || {
-        let store = store.clone();
-        async move { store.get(id).await.unwrap().is_none() }
-    })
-    .await;
+    rig.until_gone(id).await;
     // max_attempts is 1, yet it ran three times: snoozes gave their attempts back.
     assert_eq!(rig.ledger.attempts_of(id), vec![1, 1, 1]);
     assert_eq!(w.stats().snoozed, 2);
@@ -893,18 +888,7 @@ pub async fn dead_event_can_be_retried(store: Arc<dyn Store>) {
         })
         .start();
     let id = rig.emit_to("picky", EmitOptions::default()).await;
-    let store = rig.store.clone();
-    eventually("the event is dead", SOON, || {
-        let store = store.clone();
-        async move {
-            store
-                .get(id)
-                .await
-                .unwrap()
-                .is_some_and(|e| e.state == EventState::Dead)
-        }
-    })
-    .await;
+    rig.until_dead(id).await;
     assert_eq!(
         rig.ledger.attempts_of(id),
         vec![1],
@@ -913,12 +897,7 @@ pub async fn dead_event_can_be_retried(store: Arc<dyn Store>) {
     assert!(!rig.client.retry_dead(EventId::new()).await.unwrap());
     fail.store(false, Ordering::SeqCst);
     assert!(rig.client.retry_dead(id).await.unwrap());
-    let store = rig.store.clone();
-    eventually("the retried event is done", SOON, || {
-        let store = store.clone();
-        async move { store.get(id).await.unwrap().is_none() }
-    })
-    .await;
+    rig.until_gone(id).await;
     assert_eq!(rig.ledger.attempts_of(id), vec![1, 1]);
     w.shutdown(SOON).await;
 }
