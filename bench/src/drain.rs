@@ -22,6 +22,9 @@ struct Args {
     /// Notifications claimed per batch.
     #[arg(long, default_value_t = 512)]
     batch: usize,
+    /// Bytes of padding in each payload (0: a tiny payload).
+    #[arg(long, default_value_t = 0)]
+    payload_bytes: usize,
     /// Directory for the database file (on disk; default: the current directory).
     #[arg(long, default_value = ".")]
     dir: PathBuf,
@@ -42,12 +45,17 @@ async fn main() {
     let queue = Arc::new(MemoryQueue::default());
     let client = Client::new(store.clone(), queue.clone());
 
+    let pad = "x".repeat(args.payload_bytes);
     let t = Instant::now();
     let requests: Vec<EmitRequest> = (0..args.events)
         .map(|i| EmitRequest {
             tenant: format!("tenant-{}", i % 16),
             handler: "noop".into(),
-            payload: format!(r#"{{"i":{i}}}"#),
+            payload: if pad.is_empty() {
+                format!(r#"{{"i":{i}}}"#)
+            } else {
+                format!(r#"{{"i":{i},"pad":"{pad}"}}"#)
+            },
             options: EmitOptions::default(),
         })
         .collect();
@@ -85,8 +93,9 @@ async fn main() {
         .sum();
     assert_eq!(left, 0, "every event must be deleted after the drain");
     println!(
-        "drain events={} emit_s={:.2} emit_per_s={:.0} drain_s={:.3} events_per_s={:.0} claimed={} requeued={}",
+        "drain events={} payload_bytes={} emit_s={:.2} emit_per_s={:.0} drain_s={:.3} events_per_s={:.0} claimed={} requeued={}",
         args.events,
+        args.payload_bytes,
         emit_secs,
         args.events as f64 / emit_secs,
         drain,

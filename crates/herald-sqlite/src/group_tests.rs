@@ -1,5 +1,5 @@
-//! The writer thread's group commit: one transaction per group, one
-//! savepoint per job.
+//! The writer thread's group commit: one transaction per group; when a job
+//! fails, the group runs again with one savepoint per job.
 
 use super::*;
 

@@ -213,6 +213,8 @@ struct Candidate {
     ruled: bool,
     /// The sort key of the index walked (notified_at or lease_expires_at).
     key: i64,
+    /// The tie-breaker of the keyset cursor (the index holds rowids).
+    rowid: i64,
 }
 
 /// Walks one of the sweep's two sources in index order, parking ruled
@@ -230,7 +232,7 @@ fn sweep_source(
     out: &mut Vec<Scheduled>,
 ) -> StoreResult<()> {
     const OP: &str = "sweep";
-    let mut cursor: (i64, Vec<u8>) = (i64::MIN, Vec::new());
+    let mut cursor: (i64, i64) = (i64::MIN, i64::MIN);
     while out.len() < limit && *parked < park_cap {
         let want = (limit - out.len()).max(64);
         let batch: Vec<Candidate> = {
@@ -245,6 +247,7 @@ fn sweep_source(
                             handler: r.get(2)?,
                             ruled: r.get(3)?,
                             key: r.get(4)?,
+                            rowid: r.get(5)?,
                         })
                     },
                 )
@@ -261,7 +264,7 @@ fn sweep_source(
             )
             .ctx(OP)?;
         for c in batch {
-            cursor = (c.key, blob(c.id).to_vec());
+            cursor = (c.key, c.rowid);
             if c.ruled {
                 stamp.execute(params![blob(c.id), PARKED]).ctx(OP)?;
                 note_parked.execute(params![c.tenant, c.handler]).ctx(OP)?;
@@ -916,7 +919,7 @@ const CLAIM_ONE_SQL: &str = "UPDATE events \
 /// expired, attempts left, a handler this worker has, no rule. `?1` token,
 /// `?2` new expiry, `?3` now, `?4` the ids (rarray), `?5` the handlers
 /// (rarray). `id IN rarray(?4)` is planned as a loop over the array with a
-/// primary-key search per element (`SEARCH events USING PRIMARY KEY (id=?)`).
+/// primary-key search per element (`SEARCH events USING INDEX sqlite_autoindex_events_1 (id=?)`).
 const CLAIM_BATCH_SQL: &str = "UPDATE events \
      SET attempt = attempt + 1, lease_token = ?1, lease_expires_at = ?2, updated_at = ?3 \
      WHERE id IN rarray(?4) \
@@ -944,7 +947,7 @@ const RENOTIFY_SQL: &str = "UPDATE events SET notified_at = max(run_at, ?1) \
      RETURNING id, run_at";
 
 /// Old dead or done events: `?1` state, `?2` finished before, `?3` limit.
-const PURGE_SQL: &str = "DELETE FROM events WHERE id IN (SELECT id FROM events \
+const PURGE_SQL: &str = "DELETE FROM events WHERE rowid IN (SELECT rowid FROM events \
      WHERE state = ?1 AND finished_at < ?2 LIMIT ?3)";
 
 /// Settle statements: `?1` id, `?2` the fence token (`IS`, so `NULL` fences
@@ -987,11 +990,11 @@ const UNPARK_SQL: &str = "UPDATE events SET notified_at = run_at \
 /// `?2` the bound (now), `?3`/`?4` the cursor, `?5` the chunk size.
 const SWEEP_EXPIRED_SQL: &str = "SELECT id, tenant, handler, \
        EXISTS (SELECT 1 FROM rules r WHERE r.tenant = e.tenant AND r.handler = e.handler), \
-       lease_expires_at \
+       lease_expires_at, rowid \
      FROM events e \
-     WHERE lease_expires_at <= ?2 AND (lease_expires_at, id) > (?3, ?4) \
+     WHERE lease_expires_at <= ?2 AND (lease_expires_at, rowid) > (?3, ?4) \
        AND state = 0 AND run_at <= ?1 AND notified_at < lease_expires_at \
-     ORDER BY lease_expires_at, id LIMIT ?5";
+     ORDER BY lease_expires_at, rowid LIMIT ?5";
 
 /// The sweep's quiet source, walking `events_to_notify`: `?1` now, `?2` the
 /// pass's cutoff (now - quiet at its start; strictly before, so that events
@@ -1000,11 +1003,11 @@ const SWEEP_EXPIRED_SQL: &str = "SELECT id, tenant, handler, \
 /// skipped, not stamped.
 const SWEEP_QUIET_SQL: &str = "SELECT id, tenant, handler, \
        EXISTS (SELECT 1 FROM rules r WHERE r.tenant = e.tenant AND r.handler = e.handler), \
-       notified_at \
+       notified_at, rowid \
      FROM events e \
-     WHERE state = 0 AND notified_at < ?2 AND (notified_at, id) > (?3, ?4) \
+     WHERE state = 0 AND notified_at < ?2 AND (notified_at, rowid) > (?3, ?4) \
        AND run_at <= ?1 AND (lease_expires_at IS NULL OR lease_expires_at <= ?1) \
-     ORDER BY notified_at, id LIMIT ?5";
+     ORDER BY notified_at, rowid LIMIT ?5";
 
 #[cfg(test)]
 mod plan_tests;

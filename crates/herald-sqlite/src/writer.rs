@@ -122,12 +122,14 @@ fn begin(conn: &Connection) -> Option<String> {
 
 /// Runs one group in one transaction and replies to every job.
 fn run_group(conn: &Connection, group: &mut Vec<Box<dyn Job>>) {
-    // The database's clock for this transaction (and its retry).
-    let now = Millis::now();
     if let Some(why) = begin(conn) {
         finish(group, Some(why));
         return;
     }
+    // The database's clock for this transaction (and its retry), read once
+    // the write lock is ours: waiting for another process's lock must not
+    // age it.
+    let now = Millis::now();
     // Optimistic: no savepoints.
     let all_ok = group.iter_mut().all(|job| job.run(conn, now));
     if all_ok {
