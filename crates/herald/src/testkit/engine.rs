@@ -506,6 +506,49 @@ pub async fn shutdown_past_grace_snoozes_and_the_next_worker_runs_them(store: Ar
     second.shutdown(SOON).await;
 }
 
+/// A second signal during a long grace period cancels the running handlers
+/// at once; they are released as in any shutdown cancel.
+pub async fn second_signal_cancels_at_once(store: Arc<dyn Store>) {
+    let rig = Rig::new(store);
+    let started = Arc::new(AtomicUsize::new(0));
+    let s = started.clone();
+    let w = rig
+        .builder()
+        .handler("slow", move |_: serde_json::Value, cx: Context| {
+            let s = s.clone();
+            async move {
+                s.fetch_add(1, Ordering::SeqCst);
+                cx.cancelled().await;
+            }
+        })
+        .start();
+    let a = rig.emit_to("slow", EmitOptions::default()).await;
+    let b = rig.emit_to("slow", EmitOptions::default()).await;
+    eventually("both start", SOON, || {
+        let n = started.load(Ordering::SeqCst);
+        async move { n == 2 }
+    })
+    .await;
+    let second_signal = w.shutdown_handle();
+    let shutdown = tokio::spawn(w.shutdown(Duration::from_secs(3600)));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!shutdown.is_finished(), "the grace period is running");
+    second_signal.cancel_now();
+    let report = tokio::time::timeout(SOON, shutdown)
+        .await
+        .expect("shutdown returns at once after the second signal")
+        .expect("shutdown task");
+    assert_eq!((report.in_flight, report.cancelled), (2, 2));
+    for id in [a, b] {
+        let e = rig.store.get(id).await.unwrap().expect("kept");
+        assert_eq!(
+            (e.attempt, e.lease),
+            (0, None),
+            "released, attempt given back"
+        );
+    }
+}
+
 /// When a renewal finds the lease gone, the handler is cancelled and nothing
 /// is written about the event.
 pub async fn lost_lease_cancels_the_handler(store: Arc<dyn Store>) {

@@ -130,6 +130,7 @@ macro_rules! engine_suite {
             unpause_ten_times_concurrently_with_several_workers_runs_once,
             shutdown_within_grace_lets_handlers_finish,
             shutdown_past_grace_snoozes_and_the_next_worker_runs_them,
+            second_signal_cancels_at_once,
             lost_lease_cancels_the_handler,
             late_completion_is_refused_by_the_fence,
             lost_notification_is_run_by_the_reconciler,

@@ -19,7 +19,7 @@ mod settle;
 mod stats;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -233,7 +233,8 @@ pub struct Worker {
 pub struct ShutdownReport {
     /// Runs in flight when shutdown began.
     pub in_flight: usize,
-    /// Runs cancelled after the grace period (snoozed for 0, attempt given back).
+    /// Runs cancelled after the grace period (or by a second signal) and
+    /// released: snoozed for 0, attempt given back.
     pub cancelled: usize,
 }
 
@@ -298,19 +299,15 @@ impl Worker {
         let _ = self.receive.await;
         let in_flight = shared.runs.lock().expect("runs lock").len();
         shared.tasks.close();
-        let running = || {
-            let runs = shared.runs.lock().expect("runs lock");
-            runs.values()
-                .filter(|r| !r.ended.load(Ordering::Acquire))
-                .count()
-        };
-        let cancelled = tokio::select! {
-            _ = shared.tasks.wait() => 0,
-            _ = tokio::time::sleep(grace) => running(),
-            _ = shared.cancel_runs.cancelled() => running(),
-        };
-        if cancelled > 0 {
-            tracing::info!(cancelled, "grace period over: cancelling running handlers");
+        let cancelled_before = shared.stats.snapshot().cancelled;
+        tokio::select! {
+            _ = shared.tasks.wait() => {}
+            _ = tokio::time::sleep(grace) => {
+                tracing::info!("grace period over: cancelling running handlers");
+            }
+            _ = shared.cancel_runs.cancelled() => {
+                tracing::info!("cancelling running handlers at once");
+            }
         }
         shared.cancel_runs.cancel();
         shared.tasks.wait().await;
@@ -322,6 +319,7 @@ impl Worker {
         if let Some(r) = self.reconcile {
             let _ = r.await;
         }
+        let cancelled = (shared.stats.snapshot().cancelled - cancelled_before) as usize;
         tracing::info!(worker = %shared.config.name, in_flight, cancelled, "worker stopped");
         ShutdownReport {
             in_flight,
