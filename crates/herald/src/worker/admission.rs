@@ -27,7 +27,7 @@ pub(super) async fn receive_loop(shared: Arc<Shared>, ended: mpsc::UnboundedSend
             r = shared.queue.receive(room) => r,
             _ = shared.stop_receiving.cancelled() => return,
         };
-        let deliveries = match received {
+        let mut deliveries = match received {
             Ok(d) if d.is_empty() => {
                 tracing::info!(worker = %shared.config.name, "the queue is closed: no more notifications");
                 return;
@@ -44,7 +44,22 @@ pub(super) async fn receive_loop(shared: Arc<Shared>, ended: mpsc::UnboundedSend
             }
         };
         pause = Duration::from_millis(50);
-        let n = deliveries.len().min(room);
+        if deliveries.len() > room {
+            // A queue that returned more than asked: give the rest straight back.
+            let extra: Vec<_> = deliveries
+                .split_off(room)
+                .into_iter()
+                .map(|d| (d.tag, Duration::ZERO))
+                .collect();
+            tracing::warn!(
+                extra = extra.len(),
+                "the queue returned more than asked for"
+            );
+            if let Err(e) = shared.queue.nack(&extra).await {
+                tracing::warn!(error = %e, "nack failed; the queue will redeliver after its deadline");
+            }
+        }
+        let n = deliveries.len();
         if n > held {
             // Only this loop takes slots, so the ones counted above are still free.
             let more = shared
