@@ -191,6 +191,17 @@ impl Client {
     /// Emits many events in one store call and one publish. Every request is
     /// validated first: one bad request refuses the whole batch, naming its index.
     pub async fn emit_batch(&self, batch: Vec<EmitRequest>) -> Result<Vec<Emitted>, ClientError> {
+        let events = self.prepare(batch)?;
+        let emitted = self.store.emit(&events).await?;
+        self.notify_emitted(&events, &emitted).await;
+        Ok(emitted)
+    }
+
+    /// Validates requests into events ready to store, without storing them.
+    /// For stores that insert inside the caller's own transaction: store
+    /// them there, commit, then call [`Client::notify_emitted`]. One bad
+    /// request refuses the whole batch, naming its index.
+    pub fn prepare(&self, batch: Vec<EmitRequest>) -> Result<Vec<NewEvent>, ClientError> {
         let now = Millis::now();
         let single = batch.len() == 1;
         let mut events = Vec::with_capacity(batch.len());
@@ -206,10 +217,18 @@ impl Client {
                 }
             }
         }
-        let emitted = self.store.emit(&events).await?;
+        Ok(events)
+    }
+
+    /// Publishes the notifications of stored events (only those newly
+    /// created; an idempotent hit was notified when it was created). Call it
+    /// after the transaction that stored them committed. A failure is
+    /// logged, not returned: the reconciler notifies what this could not.
+    pub async fn notify_emitted(&self, events: &[NewEvent], emitted: &[Emitted]) {
+        let now = Millis::now();
         let publish: Vec<Publish> = events
             .iter()
-            .zip(&emitted)
+            .zip(emitted)
             .filter(|(_, e)| matches!(e, Emitted::Created(_)))
             .map(|(ev, _)| Publish {
                 notification: crate::Notification {
@@ -220,7 +239,6 @@ impl Client {
             })
             .collect();
         self.notify(&publish).await;
-        Ok(emitted)
     }
 
     fn validate(&self, r: EmitRequest, now: Millis) -> Result<NewEvent, ClientError> {
