@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The whole test suite. Starts the services the tests need when they are
+# installed but not running, and stops only what it started.
+#
+#   ./test.sh                 # everything
+#   ./test.sh -p herald       # extra arguments go to `cargo test`
+#
+# Backend tests that cannot reach their service say so by name and skip;
+# with CI=true they fail instead.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+started=()
+cleanup() {
+  for s in "${started[@]}"; do
+    case "$s" in
+      postgres:*) v=${s#postgres:}; echo "test.sh: stopping the PostgreSQL $v it started"
+                  pg_ctlcluster --skip-systemctl-redirect "$v" main stop || true ;;
+    esac
+  done
+}
+trap cleanup EXIT
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+wait_port() {
+  local port=$1 what=$2
+  for _ in $(seq 1 100); do
+    port_open "$port" && return 0
+    sleep 0.1
+  done
+  echo "test.sh: $what did not open 127.0.0.1:$port" >&2
+  return 1
+}
+
+# PostgreSQL on 127.0.0.1:5432 (trust auth, database `test`).
+if [ -z "${DATABASE_URL:-}" ] && ! port_open 5432; then
+  if command -v pg_lsclusters >/dev/null 2>&1; then
+    v=$(pg_lsclusters --no-header | awk '$2 == "main" {print $1; exit}')
+    if [ -n "$v" ]; then
+      echo "test.sh: starting PostgreSQL $v"
+      pg_ctlcluster --skip-systemctl-redirect "$v" main start
+      started+=("postgres:$v")
+      wait_port 5432 PostgreSQL
+    fi
+  else
+    echo "test.sh: PostgreSQL is not installed; its tests will say so" >&2
+  fi
+fi
+if port_open 5432 && command -v psql >/dev/null 2>&1; then
+  psql -h 127.0.0.1 -U postgres -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'test'" | grep -q 1 \
+    || psql -h 127.0.0.1 -U postgres -d postgres -c "CREATE DATABASE test"
+fi
+
+cargo test --workspace --all-features "$@"
