@@ -1,14 +1,18 @@
-//! The SQLite store alone, on real files, with exact results.
+//! The SQLite store alone, on real files, with exact results: what only
+//! SQLite has (opening files, pragmas, several connections to one file, the
+//! busy timeout) and the columns the `Store` trait does not expose
+//! (`notified_at`, `finished_at`, the `parked` table), read with raw SQL.
+//!
+//! Everything the trait alone can check lives in herald's store conformance
+//! suite (`herald::store_suite!`, run by `tests/store_suite.rs`).
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
-use herald::store::{EventFilter, Finish, LeaseRef, Settle};
+use herald::store::{Finish, Settle};
 use herald::{
-    Emitted, EventId, EventState, LeaseToken, Millis, NewEvent, Rule, RuleKind, RuleMatch, Store,
-    StoreError,
+    Emitted, EventId, EventState, LeaseToken, Millis, NewEvent, Rule, RuleKind, Store, StoreError,
 };
 use herald_sqlite::{SqliteStore, SCHEMA_VERSION};
 
@@ -52,6 +56,14 @@ fn new_event(tenant: &str, handler: &str) -> NewEvent {
     }
 }
 
+/// An event due, and last notified, a minute ago.
+fn old(tenant: &str) -> NewEvent {
+    NewEvent {
+        run_at: Millis(Millis::now().0 - 60_000),
+        ..new_event(tenant, "h")
+    }
+}
+
 fn handlers(names: &[&str]) -> Vec<String> {
     names.iter().map(|s| s.to_string()).collect()
 }
@@ -81,6 +93,16 @@ async fn claim_one(store: &SqliteStore, id: EventId, lease: Duration) -> Option<
     }
 }
 
+async fn settle_one(
+    store: &SqliteStore,
+    id: EventId,
+    token: Option<LeaseToken>,
+    finish: Finish,
+) -> bool {
+    let out = store.settle(&[Settle { id, token, finish }]).await.unwrap();
+    out == vec![true]
+}
+
 /// A plain connection to the same file, to look at columns the trait does not
 /// expose (notified_at, finished_at).
 fn raw(path: &Path) -> rusqlite::Connection {
@@ -95,6 +117,23 @@ fn notified_at(path: &Path, id: EventId) -> i64 {
             |r| r.get(0),
         )
         .unwrap()
+}
+
+fn finished_at(path: &Path, id: EventId) -> Option<i64> {
+    raw(path)
+        .query_row(
+            "SELECT finished_at FROM events WHERE id = ?1",
+            [id.0.as_bytes()],
+            |r| r.get(0),
+        )
+        .unwrap()
+}
+
+fn parked_pairs(path: &Path) -> Vec<(String, String)> {
+    let conn = raw(path);
+    let mut st = conn.prepare("SELECT tenant, handler FROM parked").unwrap();
+    let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap();
+    rows.collect::<Result<_, _>>().unwrap()
 }
 
 fn pause(tenant: &str, handler: &str) -> Rule {
@@ -252,6 +291,8 @@ fn open_of_a_newer_schema_is_too_new() {
     }
 }
 
+// ---------------------------------------------------------------- several connections
+
 #[tokio::test]
 async fn a_second_open_of_the_same_file_sees_the_first_ones_writes() {
     let f = fixture();
@@ -316,372 +357,6 @@ async fn a_write_lock_held_past_the_busy_timeout_is_a_backend_error() {
     emit_one(&f.store, new_event("t", "h")).await;
 }
 
-// ---------------------------------------------------------------- emit
-
-#[tokio::test]
-async fn emit_stores_the_event_as_given() {
-    let f = fixture();
-    let mut e = new_event("acme", "send_email");
-    e.run_at = Millis(Millis::now().0 + 5_000);
-    e.max_attempts = 7;
-    e.idempotency_key = Some("k1".into());
-    let before = Millis::now();
-    let id = emit_one(&f.store, e.clone()).await;
-    let got = f.store.get(id).await.unwrap().unwrap();
-    assert_eq!(got.id, e.id);
-    assert_eq!(got.tenant, "acme");
-    assert_eq!(got.handler, "send_email");
-    assert_eq!(got.payload, r#"{"n":1}"#);
-    assert_eq!(got.state, EventState::Pending);
-    assert_eq!(got.run_at, e.run_at);
-    assert_eq!(got.attempt, 0);
-    assert_eq!(got.max_attempts, 7);
-    assert_eq!(got.lease, None);
-    assert_eq!(got.last_error, None);
-    assert_eq!(got.idempotency_key.as_deref(), Some("k1"));
-    assert!(got.created_at >= before && got.created_at <= Millis::now());
-    assert_eq!(got.updated_at, got.created_at);
-    assert_eq!(notified_at(&f.path, id), e.run_at.0);
-}
-
-#[tokio::test]
-async fn emitting_the_same_id_twice_reports_existing() {
-    let f = fixture();
-    let e = new_event("t", "h");
-    assert_eq!(
-        f.store.emit(std::slice::from_ref(&e)).await.unwrap(),
-        vec![Emitted::Created(e.id)]
-    );
-    assert_eq!(
-        f.store.emit(std::slice::from_ref(&e)).await.unwrap(),
-        vec![Emitted::Existing(e.id)]
-    );
-}
-
-#[tokio::test]
-async fn idempotency_key_is_one_live_event_per_key() {
-    let f = fixture();
-    let keyed = |key: &str| NewEvent {
-        idempotency_key: Some(key.into()),
-        ..new_event("t", "h")
-    };
-    // Within one batch.
-    let a = keyed("k");
-    let b = keyed("k");
-    assert_eq!(
-        f.store.emit(&[a.clone(), b]).await.unwrap(),
-        vec![Emitted::Created(a.id), Emitted::Existing(a.id)]
-    );
-    // In a later batch, while live (even while running).
-    let token = claim_one(&f.store, a.id, LEASE).await.unwrap();
-    assert_eq!(
-        f.store.emit(&[keyed("k")]).await.unwrap(),
-        vec![Emitted::Existing(a.id)]
-    );
-    // Same key, other handler or tenant: independent.
-    let other_handler = NewEvent {
-        handler: "h2".into(),
-        ..keyed("k")
-    };
-    let other_tenant = NewEvent {
-        tenant: "t2".into(),
-        ..keyed("k")
-    };
-    assert_eq!(
-        f.store
-            .emit(&[other_handler.clone(), other_tenant.clone()])
-            .await
-            .unwrap(),
-        vec![
-            Emitted::Created(other_handler.id),
-            Emitted::Created(other_tenant.id)
-        ]
-    );
-    // Once it went dead, the key is free again.
-    let bury = Settle {
-        id: a.id,
-        token: Some(token),
-        finish: Finish::Bury {
-            error: "boom".into(),
-        },
-    };
-    assert_eq!(f.store.settle(&[bury]).await.unwrap(), vec![true]);
-    let c = keyed("k");
-    assert_eq!(
-        f.store.emit(std::slice::from_ref(&c)).await.unwrap(),
-        vec![Emitted::Created(c.id)]
-    );
-    // Reviving the dead one now would make two live events with one key.
-    match f.store.revive(a.id).await {
-        Err(StoreError::Invalid(msg)) => assert!(msg.contains(&c.id.to_string()), "{msg}"),
-        other => panic!("expected Invalid, got {other:?}"),
-    }
-    // Once deleted, the key is free again too.
-    assert!(f.store.delete(c.id).await.unwrap());
-    let d = keyed("k");
-    assert_eq!(
-        f.store.emit(std::slice::from_ref(&d)).await.unwrap(),
-        vec![Emitted::Created(d.id)]
-    );
-}
-
-// ---------------------------------------------------------------- claim
-
-#[tokio::test]
-async fn claim_takes_the_lease_and_increments_attempt() {
-    let f = fixture();
-    let id = emit_one(&f.store, new_event("t", "h")).await;
-    let token = LeaseToken::new();
-    let before = Millis::now();
-    let got = f
-        .store
-        .claim(&[id], &handlers(&["h"]), token, LEASE)
-        .await
-        .unwrap();
-    let after = Millis::now();
-    assert_eq!(got.len(), 1);
-    let e = &got[0];
-    assert_eq!(e.id, id);
-    assert_eq!(e.attempt, 1);
-    assert_eq!(e.state, EventState::Pending);
-    let lease = e.lease.unwrap();
-    assert_eq!(lease.token, token);
-    assert!(lease.expires_at >= before.plus(LEASE) && lease.expires_at <= after.plus(LEASE));
-    assert_eq!(
-        e.updated_at,
-        Millis(lease.expires_at.0 - LEASE.as_millis() as i64)
-    );
-    // As stored.
-    assert_eq!(&f.store.get(id).await.unwrap().unwrap(), e);
-}
-
-#[tokio::test]
-async fn claim_skips_an_event_that_is_not_due() {
-    let f = fixture();
-    let mut e = new_event("t", "h");
-    e.run_at = Millis(Millis::now().0 + 60_000);
-    let id = emit_one(&f.store, e).await;
-    assert_eq!(claim_one(&f.store, id, LEASE).await, None);
-    assert_eq!(f.store.get(id).await.unwrap().unwrap().attempt, 0);
-}
-
-#[tokio::test]
-async fn claim_skips_a_paused_event() {
-    let f = fixture();
-    let id = emit_one(&f.store, new_event("t", "h")).await;
-    assert!(f.store.add_rule(&pause("t", "h")).await.unwrap());
-    assert_eq!(claim_one(&f.store, id, LEASE).await, None);
-    // Another tenant's pause does not hold it.
-    assert!(f.store.remove_rule(&pause("t", "h")).await.unwrap());
-    assert!(f.store.add_rule(&pause("other", "h")).await.unwrap());
-    assert!(claim_one(&f.store, id, LEASE).await.is_some());
-}
-
-#[tokio::test]
-async fn claim_skips_a_blocked_event() {
-    let f = fixture();
-    let id = emit_one(&f.store, new_event("t", "h")).await;
-    assert!(f.store.add_rule(&block("t", "h")).await.unwrap());
-    assert_eq!(claim_one(&f.store, id, LEASE).await, None);
-    assert!(f.store.remove_rule(&block("t", "h")).await.unwrap());
-    assert!(claim_one(&f.store, id, LEASE).await.is_some());
-}
-
-#[tokio::test]
-async fn claim_skips_a_live_lease() {
-    let f = fixture();
-    let id = emit_one(&f.store, new_event("t", "h")).await;
-    let first = claim_one(&f.store, id, LEASE).await.unwrap();
-    assert_eq!(claim_one(&f.store, id, LEASE).await, None);
-    let e = f.store.get(id).await.unwrap().unwrap();
-    assert_eq!(e.lease.unwrap().token, first);
-    assert_eq!(e.attempt, 1);
-}
-
-#[tokio::test]
-async fn claim_takes_an_expired_lease() {
-    let f = fixture();
-    let id = emit_one(&f.store, new_event("t", "h")).await;
-    let first = claim_one(&f.store, id, Duration::from_millis(1))
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    let second = claim_one(&f.store, id, LEASE).await.unwrap();
-    assert_ne!(first, second);
-    let e = f.store.get(id).await.unwrap().unwrap();
-    assert_eq!(e.lease.unwrap().token, second);
-    assert_eq!(e.attempt, 2);
-}
-
-#[tokio::test]
-async fn claim_skips_an_event_with_no_attempts_left() {
-    let f = fixture();
-    let mut e = new_event("t", "h");
-    e.max_attempts = 1;
-    let id = emit_one(&f.store, e).await;
-    claim_one(&f.store, id, Duration::from_millis(1))
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    // Expired, but attempt 1 of 1 was used: the worker must bury it instead.
-    assert_eq!(claim_one(&f.store, id, LEASE).await, None);
-    let mut zero = new_event("t", "h");
-    zero.max_attempts = 0;
-    let zero = emit_one(&f.store, zero).await;
-    assert_eq!(claim_one(&f.store, zero, LEASE).await, None);
-}
-
-#[tokio::test]
-async fn claim_skips_a_handler_the_worker_does_not_have() {
-    let f = fixture();
-    let id = emit_one(&f.store, new_event("t", "other")).await;
-    assert_eq!(claim_one(&f.store, id, LEASE).await, None);
-    let none = f
-        .store
-        .claim(&[id], &[], LeaseToken::new(), LEASE)
-        .await
-        .unwrap();
-    assert!(none.is_empty());
-    let got = f
-        .store
-        .claim(&[id], &handlers(&["h", "other"]), LeaseToken::new(), LEASE)
-        .await
-        .unwrap();
-    assert_eq!(got.len(), 1);
-}
-
-#[tokio::test]
-async fn claim_ignores_missing_ids_and_finished_events() {
-    let f = fixture();
-    assert_eq!(claim_one(&f.store, EventId::new(), LEASE).await, None);
-    let id = emit_one(&f.store, new_event("t", "h")).await;
-    let token = claim_one(&f.store, id, LEASE).await.unwrap();
-    let archive = Settle {
-        id,
-        token: Some(token),
-        finish: Finish::Archive,
-    };
-    assert_eq!(f.store.settle(&[archive]).await.unwrap(), vec![true]);
-    assert_eq!(claim_one(&f.store, id, Duration::ZERO).await, None);
-}
-
-/// Every claim condition at once: the ids to claim and the ones that may be
-/// claimed.
-async fn claim_scenario(store: &SqliteStore) -> (Vec<EventId>, HashSet<EventId>) {
-    let ok1 = emit_one(store, new_event("t", "h")).await;
-    let ok2 = emit_one(store, new_event("t", "h")).await;
-    let mut late = new_event("t", "h");
-    late.run_at = Millis(Millis::now().0 + 60_000);
-    let late = emit_one(store, late).await;
-    let paused = emit_one(store, new_event("p", "h")).await;
-    store.add_rule(&pause("p", "h")).await.unwrap();
-    let blocked = emit_one(store, new_event("b", "h")).await;
-    store.add_rule(&block("b", "h")).await.unwrap();
-    let foreign = emit_one(store, new_event("t", "x")).await;
-    let live = emit_one(store, new_event("t", "h")).await;
-    claim_one(store, live, LEASE).await.unwrap();
-    let expired = emit_one(store, new_event("t", "h")).await;
-    claim_one(store, expired, Duration::from_millis(1))
-        .await
-        .unwrap();
-    let mut spent = new_event("t", "h");
-    spent.max_attempts = 1;
-    let spent = emit_one(store, spent).await;
-    claim_one(store, spent, Duration::from_millis(1))
-        .await
-        .unwrap();
-    let dead = emit_one(store, new_event("t", "h")).await;
-    let bury = Settle {
-        id: dead,
-        token: None,
-        finish: Finish::Bury { error: "x".into() },
-    };
-    store.settle(&[bury]).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    let ids = vec![
-        ok1,
-        late,
-        EventId::new(),
-        paused,
-        blocked,
-        foreign,
-        live,
-        expired,
-        spent,
-        dead,
-        ok2,
-        ok1,
-    ];
-    (ids, HashSet::from([ok1, ok2, expired]))
-}
-
-#[tokio::test]
-async fn claim_of_a_batch_returns_only_the_claimable() {
-    let f = fixture();
-    let (ids, claimable) = claim_scenario(&f.store).await;
-    let token = LeaseToken::new();
-    let got = f
-        .store
-        .claim(&ids, &handlers(&["h"]), token, LEASE)
-        .await
-        .unwrap();
-    let got_ids: HashSet<EventId> = got.iter().map(|e| e.id).collect();
-    assert_eq!(
-        got.len(),
-        claimable.len(),
-        "each once, though ok1 is asked twice"
-    );
-    assert_eq!(got_ids, claimable);
-    assert!(got.iter().all(|e| e.lease.unwrap().token == token));
-}
-
-#[tokio::test]
-async fn claims_of_one_or_a_few_ids_agree_with_the_batch() {
-    // Claims of a few ids take another path (one statement per id).
-    let f = fixture();
-    let (ids, claimable) = claim_scenario(&f.store).await;
-    let mut got = Vec::new();
-    for pair in ids.chunks(2) {
-        let claimed = f
-            .store
-            .claim(pair, &handlers(&["h"]), LeaseToken::new(), LEASE)
-            .await
-            .unwrap();
-        got.extend(claimed.into_iter().map(|e| e.id));
-    }
-    assert_eq!(got.len(), claimable.len());
-    assert_eq!(got.into_iter().collect::<HashSet<_>>(), claimable);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sixteen_concurrent_claims_of_one_event_have_one_winner() {
-    let f = fixture();
-    for round in 0..5 {
-        let id = emit_one(&f.store, new_event("t", "h")).await;
-        let barrier = Arc::new(tokio::sync::Barrier::new(16));
-        let tasks: Vec<_> = (0..16)
-            .map(|_| {
-                let store = f.store.clone();
-                let barrier = barrier.clone();
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    store
-                        .claim(&[id], &handlers(&["h"]), LeaseToken::new(), LEASE)
-                        .await
-                        .unwrap()
-                        .len()
-                })
-            })
-            .collect();
-        let mut wins = 0;
-        for t in tasks {
-            wins += t.await.unwrap();
-        }
-        assert_eq!(wins, 1, "round {round}");
-        assert_eq!(f.store.get(id).await.unwrap().unwrap().attempt, 1);
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_claims_from_two_connections_have_one_winner() {
     let f = fixture();
@@ -723,406 +398,92 @@ async fn concurrent_claims_from_two_connections_have_one_winner() {
     assert_eq!(unique.len(), 200);
 }
 
-// ---------------------------------------------------------------- inspect
+// ---------------------------------------------------------------- notified_at and finished_at
 
 #[tokio::test]
-async fn inspect_loads_events_and_their_rules() {
+async fn emit_sets_notified_at_to_run_at() {
     let f = fixture();
-    let plain = emit_one(&f.store, new_event("t", "h")).await;
-    let paused = emit_one(&f.store, new_event("p", "h")).await;
-    let both = emit_one(&f.store, new_event("b", "h")).await;
-    f.store.add_rule(&pause("p", "h")).await.unwrap();
-    f.store.add_rule(&pause("b", "h")).await.unwrap();
-    f.store.add_rule(&block("b", "h")).await.unwrap();
-    let before = Millis::now();
-    let got = f
-        .store
-        .inspect(&[plain, EventId::new(), paused, both])
-        .await
-        .unwrap();
-    assert!(got.now >= before && got.now <= Millis::now());
-    assert_eq!(got.found.len(), 3);
-    let rules_of = |id: EventId| got.found.iter().find(|i| i.event.id == id).unwrap().rules;
-    assert_eq!(rules_of(plain), RuleMatch::default());
-    assert_eq!(
-        rules_of(paused),
-        RuleMatch {
-            blocked: false,
-            paused: true
-        }
-    );
-    assert_eq!(
-        rules_of(both),
-        RuleMatch {
-            blocked: true,
-            paused: true
-        }
-    );
+    let mut e = new_event("acme", "send_email");
+    e.run_at = Millis(Millis::now().0 + 5_000);
+    let id = emit_one(&f.store, e.clone()).await;
+    assert_eq!(notified_at(&f.path, id), e.run_at.0);
+    assert_eq!(finished_at(&f.path, id), None);
 }
 
-// ---------------------------------------------------------------- settle
-
 #[tokio::test]
-async fn settle_delete_archive_and_bury() {
+async fn archive_and_bury_write_finished_at() {
     let f = fixture();
-    let ids: Vec<EventId> = f
-        .store
-        .emit(&[
-            new_event("t", "h"),
-            new_event("t", "h"),
-            new_event("t", "h"),
-        ])
-        .await
-        .unwrap()
-        .into_iter()
-        .map(Emitted::id)
-        .collect();
-    let token = LeaseToken::new();
-    let claimed = f
-        .store
-        .claim(&ids, &handlers(&["h"]), token, LEASE)
-        .await
-        .unwrap();
-    assert_eq!(claimed.len(), 3);
+    let done = emit_one(&f.store, new_event("t", "h")).await;
+    let dead = emit_one(&f.store, new_event("t", "h")).await;
+    let t1 = claim_one(&f.store, done, LEASE).await.unwrap();
+    let t2 = claim_one(&f.store, dead, LEASE).await.unwrap();
     let before = Millis::now();
-    let out = f
-        .store
-        .settle(&[
-            Settle {
-                id: ids[0],
-                token: Some(token),
-                finish: Finish::Delete,
-            },
-            Settle {
-                id: ids[1],
-                token: Some(token),
-                finish: Finish::Archive,
-            },
-            Settle {
-                id: EventId::new(),
-                token: Some(token),
-                finish: Finish::Delete,
-            },
-            Settle {
-                id: ids[2],
-                token: Some(token),
-                finish: Finish::Bury {
-                    error: "failed for good".into(),
-                },
-            },
-        ])
-        .await
-        .unwrap();
-    assert_eq!(out, vec![true, true, false, true]);
-    assert_eq!(f.store.get(ids[0]).await.unwrap(), None);
-    let done = f.store.get(ids[1]).await.unwrap().unwrap();
-    assert_eq!(done.state, EventState::Done);
-    assert_eq!(done.lease, None);
-    assert!(done.updated_at >= before);
-    let dead = f.store.get(ids[2]).await.unwrap().unwrap();
-    assert_eq!(dead.state, EventState::Dead);
-    assert_eq!(dead.lease, None);
-    assert_eq!(dead.last_error.as_deref(), Some("failed for good"));
-    assert_eq!(dead.attempt, 1);
-    let finished: Vec<Option<i64>> = ids[1..]
-        .iter()
-        .map(|id| {
-            raw(&f.path)
-                .query_row(
-                    "SELECT finished_at FROM events WHERE id = ?1",
-                    [id.0.as_bytes()],
-                    |r| r.get(0),
-                )
-                .unwrap()
-        })
-        .collect();
-    assert!(
-        finished.iter().all(|t| t.unwrap() >= before.0),
-        "{finished:?}"
-    );
-    // A finished event has no run to end, even fenced on "no lease".
-    let again = Settle {
-        id: ids[2],
-        token: None,
-        finish: Finish::Delete,
+    assert!(settle_one(&f.store, done, Some(t1), Finish::Archive).await);
+    let bury = Finish::Bury {
+        error: "failed for good".into(),
     };
-    assert_eq!(f.store.settle(&[again]).await.unwrap(), vec![false]);
+    assert!(settle_one(&f.store, dead, Some(t2), bury).await);
+    let after = Millis::now();
+    for id in [done, dead] {
+        let t = finished_at(&f.path, id).expect("finished_at is set");
+        assert!(t >= before.0 && t <= after.0, "{t}");
+    }
 }
 
 #[tokio::test]
-async fn release_arithmetic() {
+async fn release_sets_notified_at_to_the_new_run_at() {
     let f = fixture();
     let id = emit_one(&f.store, new_event("t", "h")).await;
-
-    // A failure: attempt kept, error recorded, run_at = now + wait.
-    let t1 = claim_one(&f.store, id, LEASE).await.unwrap();
-    let before = Millis::now();
-    let fail = Settle {
-        id,
-        token: Some(t1),
-        finish: Finish::Release {
-            wait: Duration::from_secs(30),
-            error: Some("attempt 1/3 failed: boom".into()),
-            give_back: false,
-        },
+    let token = claim_one(&f.store, id, LEASE).await.unwrap();
+    let fail = Finish::Release {
+        wait: Duration::from_secs(30),
+        error: Some("attempt 1/3 failed: boom".into()),
+        give_back: false,
     };
-    assert_eq!(f.store.settle(&[fail]).await.unwrap(), vec![true]);
+    assert!(settle_one(&f.store, id, Some(token), fail).await);
     let e = f.store.get(id).await.unwrap().unwrap();
-    assert_eq!(e.attempt, 1);
-    assert_eq!(e.lease, None);
-    assert_eq!(e.last_error.as_deref(), Some("attempt 1/3 failed: boom"));
-    assert!(e.run_at >= before.plus(Duration::from_secs(30)));
-    assert!(e.run_at <= Millis::now().plus(Duration::from_secs(30)));
-    assert_eq!(e.updated_at, e.run_at.minus(Duration::from_secs(30)));
+    assert!(e.run_at > Millis::now());
     assert_eq!(notified_at(&f.path, id), e.run_at.0);
-    // Not due now.
-    assert_eq!(claim_one(&f.store, id, LEASE).await, None);
+    assert_eq!(finished_at(&f.path, id), None);
+}
 
-    // A snooze: the attempt is given back; the last error is kept.
-    let release_now = |token: Option<LeaseToken>, give_back: bool| Settle {
-        id,
-        token,
-        finish: Finish::Release {
-            wait: Duration::ZERO,
-            error: None,
-            give_back,
-        },
+#[tokio::test]
+async fn revive_sets_notified_at_to_its_new_run_at_and_clears_finished_at() {
+    let f = fixture();
+    let id = emit_one(&f.store, new_event("t", "h")).await;
+    let bury = Finish::Bury {
+        error: "gave up".into(),
     };
-    // Fenced on "no lease": the event is not leased now.
-    assert_eq!(
-        f.store.settle(&[release_now(None, false)]).await.unwrap(),
-        vec![true]
-    );
-    let t2 = claim_one(&f.store, id, LEASE).await.unwrap();
-    assert_eq!(f.store.get(id).await.unwrap().unwrap().attempt, 2);
-    assert_eq!(
-        f.store
-            .settle(&[release_now(Some(t2), true)])
-            .await
-            .unwrap(),
-        vec![true]
-    );
+    assert!(settle_one(&f.store, id, None, bury).await);
+    assert!(finished_at(&f.path, id).is_some());
+    f.store.revive(id).await.unwrap().unwrap();
     let e = f.store.get(id).await.unwrap().unwrap();
-    assert_eq!(e.attempt, 1);
-    assert_eq!(e.last_error.as_deref(), Some("attempt 1/3 failed: boom"));
-    assert!(e.run_at <= Millis::now());
-
-    // Giving back never goes below zero.
-    let fresh = emit_one(&f.store, new_event("t", "h")).await;
-    let give = Settle {
-        id: fresh,
-        token: None,
-        finish: Finish::Release {
-            wait: Duration::ZERO,
-            error: None,
-            give_back: true,
-        },
-    };
-    assert_eq!(f.store.settle(&[give]).await.unwrap(), vec![true]);
-    assert_eq!(f.store.get(fresh).await.unwrap().unwrap().attempt, 0);
+    assert_eq!(notified_at(&f.path, id), e.run_at.0);
+    assert_eq!(finished_at(&f.path, id), None);
 }
 
 #[tokio::test]
-async fn a_stale_token_can_neither_settle_nor_renew() {
+async fn renotify_stamps_notified_at_as_the_later_of_run_at_and_now() {
     let f = fixture();
-    let finishes = [
-        Finish::Delete,
-        Finish::Archive,
-        Finish::Release {
-            wait: Duration::ZERO,
-            error: Some("late".into()),
-            give_back: true,
-        },
-        Finish::Bury {
-            error: "late".into(),
-        },
-    ];
-    for finish in finishes {
-        let id = emit_one(&f.store, new_event("t", "h")).await;
-        let stale = claim_one(&f.store, id, Duration::from_millis(1))
-            .await
-            .unwrap();
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let fresh = claim_one(&f.store, id, LEASE).await.unwrap();
-        let held = f.store.get(id).await.unwrap().unwrap();
-
-        let late = Settle {
-            id,
-            token: Some(stale),
-            finish: finish.clone(),
-        };
-        assert_eq!(
-            f.store.settle(&[late]).await.unwrap(),
-            vec![false],
-            "{finish:?}"
-        );
-        let no_lease = Settle {
-            id,
-            token: None,
-            finish: finish.clone(),
-        };
-        assert_eq!(
-            f.store.settle(&[no_lease]).await.unwrap(),
-            vec![false],
-            "{finish:?}"
-        );
-        assert_eq!(
-            f.store
-                .renew(&[LeaseRef { id, token: stale }], LEASE)
-                .await
-                .unwrap(),
-            vec![false]
-        );
-        assert_eq!(f.store.get(id).await.unwrap().unwrap(), held, "{finish:?}");
-
-        // The holder still can.
-        let own = Settle {
-            id,
-            token: Some(fresh),
-            finish,
-        };
-        assert_eq!(f.store.settle(&[own]).await.unwrap(), vec![true]);
-    }
-}
-
-// ---------------------------------------------------------------- renew
-
-#[tokio::test]
-async fn renew_extends_held_leases_only() {
-    let f = fixture();
-    let a = emit_one(&f.store, new_event("t", "h")).await;
-    let b = emit_one(&f.store, new_event("t", "h")).await;
-    let ta = claim_one(&f.store, a, Duration::from_secs(1))
-        .await
-        .unwrap();
-    let tb = claim_one(&f.store, b, Duration::from_secs(1))
-        .await
-        .unwrap();
-    let before = Millis::now();
-    let out = f
-        .store
-        .renew(
-            &[
-                LeaseRef { id: a, token: ta },
-                LeaseRef { id: b, token: ta },
-                LeaseRef {
-                    id: EventId::new(),
-                    token: ta,
-                },
-                LeaseRef { id: b, token: tb },
-            ],
-            LEASE,
-        )
-        .await
-        .unwrap();
-    assert_eq!(out, vec![true, false, false, true]);
-    for id in [a, b] {
-        let lease = f.store.get(id).await.unwrap().unwrap().lease.unwrap();
-        assert!(lease.expires_at >= before.plus(LEASE));
-    }
-    // A settled event's lease is gone.
-    let done = Settle {
-        id: a,
-        token: Some(ta),
-        finish: Finish::Archive,
-    };
-    f.store.settle(&[done]).await.unwrap();
-    assert_eq!(
-        f.store
-            .renew(&[LeaseRef { id: a, token: ta }], LEASE)
-            .await
-            .unwrap(),
-        vec![false]
-    );
-}
-
-// ---------------------------------------------------------------- rules
-
-#[tokio::test]
-async fn rules_add_remove_and_list() {
-    let f = fixture();
-    assert!(f.store.add_rule(&pause("t", "h")).await.unwrap());
-    assert!(!f.store.add_rule(&pause("t", "h")).await.unwrap());
-    assert!(f.store.add_rule(&block("t", "h")).await.unwrap());
-    assert!(f.store.add_rule(&block("a", "z")).await.unwrap());
-    assert_eq!(
-        f.store.rules_for("t", "h").await.unwrap(),
-        RuleMatch {
-            blocked: true,
-            paused: true
-        }
-    );
-    assert_eq!(
-        f.store.rules_for("t", "other").await.unwrap(),
-        RuleMatch::default()
-    );
-    assert_eq!(
-        f.store.rules().await.unwrap(),
-        vec![block("a", "z"), block("t", "h"), pause("t", "h")]
-    );
-    assert!(f.store.remove_rule(&pause("t", "h")).await.unwrap());
-    assert!(!f.store.remove_rule(&pause("t", "h")).await.unwrap());
-    assert_eq!(
-        f.store.rules_for("t", "h").await.unwrap(),
-        RuleMatch {
-            blocked: true,
-            paused: false
-        }
-    );
-}
-
-// ---------------------------------------------------------------- renotify
-
-#[tokio::test]
-async fn renotify_pages_through_2500_events_without_duplicates_or_gaps() {
-    let f = fixture();
-    let mut expected = Vec::new();
     for chunk in 0..5 {
         let batch: Vec<NewEvent> = (0..500)
             .map(|i| {
-                let mut e = new_event("t", "h");
+                let mut e = old("t");
                 if chunk == 4 && i == 499 {
                     e.run_at = Millis(Millis::now().0 + 120_000);
                 }
                 e
             })
             .collect();
-        expected.extend(batch.iter().map(|e| e.id));
         f.store.emit(&batch).await.unwrap();
     }
-    // Not part of the page set: other handler, other tenant, finished.
-    emit_one(&f.store, new_event("t", "other")).await;
-    emit_one(&f.store, new_event("u", "h")).await;
-    let dead = emit_one(&f.store, new_event("t", "h")).await;
-    let bury = Settle {
-        id: dead,
-        token: None,
-        finish: Finish::Bury { error: "x".into() },
-    };
-    assert_eq!(f.store.settle(&[bury]).await.unwrap(), vec![true]);
-    expected.sort();
-
-    let mut seen = Vec::new();
-    let mut after = None;
-    let mut pages = Vec::new();
     let start = Millis::now();
+    let mut after = None;
     loop {
         let page = f.store.renotify_page("t", "h", after, 1000).await.unwrap();
-        if page.is_empty() {
-            break;
-        }
-        pages.push(page.len());
-        after = Some(page.last().unwrap().notification.event_id);
-        for s in page {
-            assert_eq!(s.notification.tenant, "t");
-            seen.push(s.notification.event_id);
-            if s.delay > Duration::ZERO {
-                assert!(s.delay > Duration::from_secs(100), "{s:?}");
-            }
-        }
+        let Some(last) = page.last() else { break };
+        after = Some(last.notification.event_id);
     }
-    assert_eq!(pages, vec![1000, 1000, 500]);
-    assert_eq!(seen, expected, "every pending event once, in id order");
     // Stamped: due ones at now, the delayed one at its run_at.
     let conn = raw(&f.path);
     let late: (i64, i64) = conn
@@ -1144,97 +505,34 @@ async fn renotify_pages_through_2500_events_without_duplicates_or_gaps() {
     assert_eq!(stale, 0);
 }
 
-// ---------------------------------------------------------------- sweep
+// ---------------------------------------------------------------- parking
 
 #[tokio::test]
-async fn sweep_pages_through_due_events_and_skips_held_ones() {
+async fn sweep_parks_held_events_and_renotify_unparks_them() {
     let f = fixture();
     let quiet = Duration::from_secs(10);
-    let long_ago = || Millis(Millis::now().0 - 60_000);
-    let old = |tenant: &str| NewEvent {
-        run_at: long_ago(),
-        ..new_event(tenant, "h")
-    };
-
-    // 2,500 due events, not notified for a minute.
-    let mut due: Vec<EventId> = Vec::new();
-    for _ in 0..5 {
-        let batch: Vec<NewEvent> = (0..500).map(|_| old("t")).collect();
-        due.extend(batch.iter().map(|e| e.id));
-        f.store.emit(&batch).await.unwrap();
-    }
-    // Held by rules: parked, not returned.
-    let paused: Vec<EventId> = (0..5).map(|_| old("paused").id).collect();
-    let mut held = Vec::new();
-    for id in &paused {
-        held.push(NewEvent {
-            id: *id,
-            ..old("paused")
-        });
-    }
-    let blocked = old("blocked");
-    held.push(blocked.clone());
-    f.store.emit(&held).await.unwrap();
+    let paused: Vec<NewEvent> = (0..5).map(|_| old("paused")).collect();
+    f.store.emit(&paused).await.unwrap();
+    let blocked = emit_one(&f.store, old("blocked")).await;
+    let runnable = emit_one(&f.store, old("t")).await;
     f.store.add_rule(&pause("paused", "h")).await.unwrap();
     f.store.add_rule(&block("blocked", "h")).await.unwrap();
-    // Running under a live lease: skipped.
-    let running = emit_one(&f.store, old("t")).await;
-    claim_one(&f.store, running, LEASE).await.unwrap();
-    // Not due.
-    let mut later = new_event("t", "h");
-    later.run_at = Millis(Millis::now().0 + 60_000);
-    let later = emit_one(&f.store, later).await;
-    // Recently notified (emitted just now): not yet.
-    let fresh = emit_one(&f.store, new_event("t", "h")).await;
-    // A dead worker's event: emitted and claimed just now (so notified
-    // recently), its lease already expired. Returned at once, no quiet needed.
-    let orphan = emit_one(&f.store, new_event("t", "h")).await;
-    claim_one(&f.store, orphan, Duration::from_millis(1))
-        .await
-        .unwrap();
-    // Out of attempts but expired: returned too (the worker buries it).
-    let mut spent = new_event("t", "h");
-    spent.max_attempts = 1;
-    let spent = emit_one(&f.store, spent).await;
-    claim_one(&f.store, spent, Duration::from_millis(1))
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(20)).await;
-
-    let mut pages = Vec::new();
-    let mut seen = Vec::new();
-    loop {
-        let page = sweep(&f.store, quiet, 1000).await;
-        if page.is_empty() {
-            break;
-        }
-        pages.push(page.len());
-        for s in page {
-            assert_eq!(s.delay, Duration::ZERO);
-            seen.push(s.notification.event_id);
-        }
-        assert!(pages.len() < 10, "the sweep does not end");
-    }
-    assert_eq!(pages, vec![1000, 1000, 502]);
-    // The dead workers' events come first.
-    let first_two: HashSet<EventId> = seen[..2].iter().copied().collect();
-    assert_eq!(first_two, HashSet::from([orphan, spent]));
-    let unique: HashSet<EventId> = seen.iter().copied().collect();
-    assert_eq!(unique.len(), seen.len(), "no duplicates");
-    let mut expected: HashSet<EventId> = due.iter().copied().collect();
-    expected.insert(orphan);
-    expected.insert(spent);
-    assert_eq!(unique, expected);
-    for skipped in [running, later, fresh] {
-        assert!(!unique.contains(&skipped));
-    }
+    let got = sweep(&f.store, quiet, 1000).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].notification.event_id, runnable);
     // Parked: the sweep will not read them again.
-    for id in paused.iter().chain([&blocked.id]) {
-        assert_eq!(notified_at(&f.path, *id), i64::MAX);
+    for id in paused.iter().map(|e| e.id).chain([blocked]) {
+        assert_eq!(notified_at(&f.path, id), i64::MAX);
     }
-    // Returned ones were stamped now, so a second sweep finds nothing.
-    assert!(sweep(&f.store, quiet, 1000).await.is_empty());
-
+    let mut pairs = parked_pairs(&f.path);
+    pairs.sort();
+    assert_eq!(
+        pairs,
+        vec![
+            ("blocked".to_string(), "h".to_string()),
+            ("paused".to_string(), "h".to_string())
+        ]
+    );
     // Unpause re-notifies the parked ones.
     f.store.remove_rule(&pause("paused", "h")).await.unwrap();
     let page = f
@@ -1242,83 +540,30 @@ async fn sweep_pages_through_due_events_and_skips_held_ones() {
         .renotify_page("paused", "h", None, 100)
         .await
         .unwrap();
-    let mut sorted = paused.clone();
-    sorted.sort();
-    assert_eq!(
-        page.iter()
-            .map(|s| s.notification.event_id)
-            .collect::<Vec<_>>(),
-        sorted
-    );
-    for id in &paused {
-        assert!(notified_at(&f.path, *id) <= Millis::now().0);
+    assert_eq!(page.len(), paused.len());
+    for e in &paused {
+        assert!(notified_at(&f.path, e.id) <= Millis::now().0);
     }
+    assert_eq!(notified_at(&f.path, blocked), i64::MAX);
 }
 
 #[tokio::test]
-async fn a_sweep_pass_with_no_quiet_returns_each_due_event_once_and_ends() {
-    // The runtime's start-up sweep (the queue forgot everything) uses no
-    // quiet period; its pass must still end.
-    let f = fixture();
-    let mut all = HashSet::new();
-    for _ in 0..5 {
-        let batch: Vec<NewEvent> = (0..500)
-            .map(|_| NewEvent {
-                run_at: Millis(Millis::now().0 - 1_000),
-                ..new_event("t", "h")
-            })
-            .collect();
-        all.extend(batch.iter().map(|e| e.id));
-        f.store.emit(&batch).await.unwrap();
-    }
-    let mut pages = Vec::new();
-    let mut seen = HashSet::new();
-    let mut pass = None;
-    loop {
-        // Let the clock move, as publishing a page would.
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        let page = f.store.sweep(Duration::ZERO, pass, 1000).await.unwrap();
-        pass = Some(page.pass);
-        pages.push(page.due.len());
-        for s in &page.due {
-            assert!(seen.insert(s.notification.event_id), "returned twice");
-        }
-        if page.complete {
-            break;
-        }
-        assert!(pages.len() < 10, "the pass does not end");
-    }
-    assert_eq!(pages, vec![1000, 1000, 500]);
-    assert_eq!(seen, all);
-    // A new pass with no quiet: all of them again, since all were notified
-    // before it began.
-    tokio::time::sleep(Duration::from_millis(5)).await;
-    assert_eq!(sweep(&f.store, Duration::ZERO, 1000).await.len(), 1000);
-}
-
-#[tokio::test]
-async fn events_parked_under_a_rule_that_is_gone_are_swept_again() {
+async fn events_parked_under_a_rule_that_is_gone_are_unparked_by_the_sweep() {
     // A crash between removing a rule and re-notifying its events
-    // (renotify_page) must not leave them parked for good.
+    // (renotify_page) must not leave them parked for good; the suite's
+    // `events_parked_under_a_rule_that_is_gone_are_swept_again` checks what
+    // the sweep returns, this the columns and the `parked` table.
     let f = fixture();
     let quiet = Duration::from_secs(10);
-    let old = |tenant: &str| NewEvent {
-        run_at: Millis(Millis::now().0 - 60_000),
-        ..new_event(tenant, "h")
-    };
     let held: Vec<NewEvent> = (0..3).map(|_| old("p")).collect();
     f.store.emit(&held).await.unwrap();
-    let still_held = old("b");
-    f.store
-        .emit(std::slice::from_ref(&still_held))
-        .await
-        .unwrap();
+    let still_held = emit_one(&f.store, old("b")).await;
     f.store.add_rule(&pause("p", "h")).await.unwrap();
     f.store.add_rule(&pause("b", "h")).await.unwrap();
     f.store.add_rule(&block("b", "h")).await.unwrap();
     assert!(sweep(&f.store, quiet, 100).await.is_empty());
-    for e in held.iter().chain([&still_held]) {
-        assert_eq!(notified_at(&f.path, e.id), i64::MAX);
+    for id in held.iter().map(|e| e.id).chain([still_held]) {
+        assert_eq!(notified_at(&f.path, id), i64::MAX);
     }
     // Unpause "p" and crash before paging; unpause "b", still blocked.
     f.store.remove_rule(&pause("p", "h")).await.unwrap();
@@ -1329,15 +574,16 @@ async fn events_parked_under_a_rule_that_is_gone_are_swept_again() {
         .map(|s| s.notification.event_id)
         .collect();
     assert_eq!(got, held.iter().map(|e| e.id).collect());
-    assert_eq!(notified_at(&f.path, still_held.id), i64::MAX);
-    let pairs: Vec<(String, String)> = {
-        let conn = raw(&f.path);
-        let mut st = conn.prepare("SELECT tenant, handler FROM parked").unwrap();
-        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap();
-        rows.collect::<Result<_, _>>().unwrap()
-    };
-    assert_eq!(pairs, vec![("b".to_string(), "h".to_string())]);
+    for e in &held {
+        assert!(notified_at(&f.path, e.id) <= Millis::now().0);
+    }
+    assert_eq!(notified_at(&f.path, still_held), i64::MAX);
+    assert_eq!(
+        parked_pairs(&f.path),
+        vec![("b".to_string(), "h".to_string())]
+    );
     assert!(sweep(&f.store, quiet, 100).await.is_empty());
+    assert_eq!(notified_at(&f.path, still_held), i64::MAX);
 }
 
 #[tokio::test]
@@ -1372,258 +618,4 @@ async fn sweep_limits_parking_per_call_and_goes_on() {
         )
         .unwrap();
     assert_eq!(parked, 40);
-}
-
-// ---------------------------------------------------------------- leaders
-
-#[tokio::test]
-async fn lead_and_resign_with_two_holders() {
-    let f = fixture();
-    let role = "reconciler";
-    assert!(f.store.lead(role, "a", LEASE).await.unwrap());
-    assert!(!f.store.lead(role, "b", LEASE).await.unwrap());
-    assert!(f.store.lead(role, "a", LEASE).await.unwrap(), "renewal");
-    // Another role is independent.
-    assert!(f.store.lead("purger", "b", LEASE).await.unwrap());
-    // Resigning someone else's lease does nothing.
-    f.store.resign(role, "b").await.unwrap();
-    assert!(!f.store.lead(role, "b", LEASE).await.unwrap());
-    f.store.resign(role, "a").await.unwrap();
-    assert!(f
-        .store
-        .lead(role, "b", Duration::from_millis(1))
-        .await
-        .unwrap());
-    assert!(!f.store.lead(role, "a", LEASE).await.unwrap());
-    // b's lease lapses: a takes over.
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    assert!(f.store.lead(role, "a", LEASE).await.unwrap());
-    assert!(!f.store.lead(role, "b", LEASE).await.unwrap());
-}
-
-// ---------------------------------------------------------------- purge
-
-#[tokio::test]
-async fn purge_deletes_old_dead_and_done_events_up_to_the_limit() {
-    let f = fixture();
-    let mut dead = Vec::new();
-    let mut done = Vec::new();
-    for i in 0..5 {
-        let id = emit_one(&f.store, new_event("t", "h")).await;
-        let finish = if i < 3 {
-            dead.push(id);
-            Finish::Bury { error: "x".into() }
-        } else {
-            done.push(id);
-            Finish::Archive
-        };
-        let s = Settle {
-            id,
-            token: None,
-            finish,
-        };
-        assert_eq!(f.store.settle(&[s]).await.unwrap(), vec![true]);
-    }
-    let pending = emit_one(&f.store, new_event("t", "h")).await;
-    let past = Millis(Millis::now().0 - 60_000);
-    let future = Millis(Millis::now().0 + 60_000);
-    assert_eq!(f.store.purge(past, past, 100).await.unwrap(), 0);
-    assert_eq!(f.store.purge(future, past, 2).await.unwrap(), 2);
-    assert_eq!(f.store.purge(future, past, 2).await.unwrap(), 1);
-    assert_eq!(f.store.purge(future, past, 2).await.unwrap(), 0);
-    for id in &dead {
-        assert_eq!(f.store.get(*id).await.unwrap(), None);
-    }
-    assert_eq!(f.store.purge(past, future, 0).await.unwrap(), 0);
-    assert_eq!(f.store.purge(past, future, 100).await.unwrap(), 2);
-    for id in &done {
-        assert_eq!(f.store.get(*id).await.unwrap(), None);
-    }
-    assert!(f.store.get(pending).await.unwrap().is_some());
-}
-
-// ---------------------------------------------------------------- admin
-
-#[tokio::test]
-async fn list_filters_and_pages_by_id() {
-    let f = fixture();
-    let mut all = Vec::new();
-    for (tenant, handler) in [("a", "x"), ("a", "y"), ("b", "x")] {
-        for _ in 0..4 {
-            all.push((
-                emit_one(&f.store, new_event(tenant, handler)).await,
-                tenant,
-                handler,
-            ));
-        }
-    }
-    // Bury two of a/x.
-    let ax: Vec<EventId> = all
-        .iter()
-        .filter(|(_, t, h)| *t == "a" && *h == "x")
-        .map(|(id, _, _)| *id)
-        .collect();
-    for id in &ax[1..3] {
-        let s = Settle {
-            id: *id,
-            token: None,
-            finish: Finish::Bury { error: "e".into() },
-        };
-        f.store.settle(&[s]).await.unwrap();
-    }
-    let ids = |events: Vec<herald::Event>| events.into_iter().map(|e| e.id).collect::<Vec<_>>();
-
-    let every = ids(f.store.list(&EventFilter::default(), 100).await.unwrap());
-    let mut sorted: Vec<EventId> = all.iter().map(|(id, _, _)| *id).collect();
-    sorted.sort();
-    assert_eq!(every, sorted);
-
-    // Paging with a cursor.
-    let mut paged = Vec::new();
-    let mut filter = EventFilter::default();
-    loop {
-        let page = ids(f.store.list(&filter, 5).await.unwrap());
-        if page.is_empty() {
-            break;
-        }
-        filter.after = page.last().copied();
-        paged.extend(page);
-    }
-    assert_eq!(paged, sorted);
-
-    // One handler, all states merged in id order, paged.
-    let one = EventFilter {
-        tenant: Some("a".into()),
-        handler: Some("x".into()),
-        ..EventFilter::default()
-    };
-    assert_eq!(ids(f.store.list(&one, 100).await.unwrap()), ax);
-    assert_eq!(ids(f.store.list(&one, 3).await.unwrap()), ax[..3]);
-    let rest = EventFilter {
-        after: Some(ax[1]),
-        ..one.clone()
-    };
-    assert_eq!(ids(f.store.list(&rest, 100).await.unwrap()), ax[2..]);
-    let dead_only = EventFilter {
-        state: Some(EventState::Dead),
-        ..one.clone()
-    };
-    assert_eq!(ids(f.store.list(&dead_only, 100).await.unwrap()), ax[1..3]);
-
-    // Tenant only, handler only, state only.
-    let tenant_b = EventFilter {
-        tenant: Some("b".into()),
-        ..EventFilter::default()
-    };
-    assert_eq!(f.store.list(&tenant_b, 100).await.unwrap().len(), 4);
-    let handler_x = EventFilter {
-        handler: Some("x".into()),
-        ..EventFilter::default()
-    };
-    assert_eq!(f.store.list(&handler_x, 100).await.unwrap().len(), 8);
-    let dead = EventFilter {
-        state: Some(EventState::Dead),
-        ..EventFilter::default()
-    };
-    assert_eq!(ids(f.store.list(&dead, 100).await.unwrap()), ax[1..3]);
-    assert!(f.store.list(&dead, 0).await.unwrap().is_empty());
-}
-
-#[tokio::test]
-async fn counts_by_tenant_handler_and_state() {
-    let f = fixture();
-    for _ in 0..3 {
-        emit_one(&f.store, new_event("a", "x")).await;
-    }
-    let d = emit_one(&f.store, new_event("a", "x")).await;
-    emit_one(&f.store, new_event("b", "y")).await;
-    let s = Settle {
-        id: d,
-        token: None,
-        finish: Finish::Bury { error: "e".into() },
-    };
-    f.store.settle(&[s]).await.unwrap();
-    let got: Vec<(String, String, EventState, u64)> = f
-        .store
-        .counts()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|c| (c.tenant, c.handler, c.state, c.count))
-        .collect();
-    assert_eq!(
-        got,
-        vec![
-            ("a".into(), "x".into(), EventState::Pending, 3),
-            ("a".into(), "x".into(), EventState::Dead, 1),
-            ("b".into(), "y".into(), EventState::Pending, 1),
-        ]
-    );
-}
-
-#[tokio::test]
-async fn revive_moves_a_dead_event_back_to_pending() {
-    let f = fixture();
-    let id = emit_one(&f.store, new_event("t", "h")).await;
-    let token = claim_one(&f.store, id, LEASE).await.unwrap();
-    // Not dead yet.
-    assert_eq!(f.store.revive(id).await.unwrap(), None);
-    let bury = Settle {
-        id,
-        token: Some(token),
-        finish: Finish::Bury {
-            error: "gave up".into(),
-        },
-    };
-    f.store.settle(&[bury]).await.unwrap();
-    let before = Millis::now();
-    let s = f.store.revive(id).await.unwrap().unwrap();
-    assert_eq!(s.notification.event_id, id);
-    assert_eq!(s.notification.tenant, "t");
-    assert_eq!(s.delay, Duration::ZERO);
-    let e = f.store.get(id).await.unwrap().unwrap();
-    assert_eq!(e.state, EventState::Pending);
-    assert_eq!(e.attempt, 0);
-    assert_eq!(e.lease, None);
-    assert_eq!(e.last_error.as_deref(), Some("gave up"));
-    assert!(e.run_at >= before && e.run_at <= Millis::now());
-    assert_eq!(notified_at(&f.path, id), e.run_at.0);
-    assert!(claim_one(&f.store, id, LEASE).await.is_some());
-    assert_eq!(f.store.revive(EventId::new()).await.unwrap(), None);
-}
-
-#[tokio::test]
-async fn delete_refuses_only_a_running_event() {
-    let f = fixture();
-    let idle = emit_one(&f.store, new_event("t", "h")).await;
-    assert!(f.store.delete(idle).await.unwrap());
-    assert!(!f.store.delete(idle).await.unwrap());
-
-    let running = emit_one(&f.store, new_event("t", "h")).await;
-    claim_one(&f.store, running, LEASE).await.unwrap();
-    assert!(!f.store.delete(running).await.unwrap());
-
-    let expired = emit_one(&f.store, new_event("t", "h")).await;
-    claim_one(&f.store, expired, Duration::from_millis(1))
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    assert!(f.store.delete(expired).await.unwrap());
-
-    let dead = emit_one(&f.store, new_event("t", "h")).await;
-    let s = Settle {
-        id: dead,
-        token: None,
-        finish: Finish::Bury { error: "e".into() },
-    };
-    f.store.settle(&[s]).await.unwrap();
-    assert!(f.store.delete(dead).await.unwrap());
-}
-
-#[tokio::test]
-async fn the_store_works_through_a_trait_object() {
-    let f = fixture();
-    let store: Arc<dyn Store> = Arc::new(f.store.clone());
-    let id = store.emit(&[new_event("t", "h")]).await.unwrap()[0].id();
-    assert!(store.get(id).await.unwrap().is_some());
 }

@@ -1,16 +1,20 @@
-//! The conformance test kit: scenarios that every store backend must pass,
-//! run end to end through the real worker runtime and an in-process queue.
+//! The conformance test kit: scenarios that every store backend must pass.
+//! [`engine`] runs them end to end through the real worker runtime and an
+//! in-process queue; [`store`] calls the [`Store`] trait alone, with exact
+//! results.
 //!
-//! A backend proves itself with one line:
+//! A backend proves itself with one line per suite:
 //!
 //! ```ignore
 //! herald::engine_suite!(my_backend_tests::fresh_store);
+//! herald::store_suite!(my_backend_tests::fresh_store);
 //! ```
 //!
 //! where `fresh_store` is an `async fn() -> herald::testkit::TestStore`
 //! giving each test its own empty store.
 
 pub mod engine;
+pub mod store;
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -152,6 +156,61 @@ macro_rules! engine_suite {
             async fn $name() {
                 let fixture: $crate::testkit::TestStore = $make().await;
                 $crate::testkit::engine::$name(fixture.store.clone()).await;
+                drop(fixture);
+            }
+        )*
+    };
+}
+
+/// Generates one `#[tokio::test]` per store scenario ([`store`]), each on a
+/// fresh store from `$make` (an `async fn() -> TestStore`).
+#[macro_export]
+macro_rules! store_suite {
+    ($make:path) => {
+        $crate::store_suite!(@tests $make;
+            emit_stores_the_event_as_given,
+            emitting_the_same_id_twice_reports_existing,
+            idempotency_key_is_one_live_event_per_key,
+            claim_takes_the_lease_and_increments_attempt,
+            claim_ignores_missing_ids_and_finished_events,
+            claim_skips_an_event_that_is_not_due,
+            claim_skips_a_paused_event,
+            claim_skips_a_blocked_event,
+            claim_skips_a_live_lease,
+            claim_takes_an_expired_lease,
+            claim_skips_an_event_with_no_attempts_left,
+            claim_skips_a_handler_the_worker_does_not_have,
+            claim_of_a_batch_returns_only_the_claimable,
+            claims_of_one_or_a_few_ids_agree_with_the_batch,
+            sixteen_concurrent_claims_of_one_event_have_one_winner,
+            inspect_loads_events_and_their_rules,
+            settle_delete_archive_and_bury,
+            release_arithmetic,
+            release_and_revive_count_as_notifications,
+            a_stale_token_can_neither_settle_nor_renew,
+            an_expired_lease_stays_valid_until_another_claim,
+            settle_without_a_token_fences_on_no_lease,
+            renew_extends_held_leases_only,
+            rules_add_remove_and_list,
+            renotify_pages_through_2500_events_without_duplicates_or_gaps,
+            sweep_pages_through_due_events_and_skips_held_ones,
+            a_sweep_pass_with_no_quiet_returns_each_due_event_once_and_ends,
+            events_parked_under_a_rule_that_is_gone_are_swept_again,
+            held_events_do_not_starve_the_sweep,
+            lead_and_resign_with_two_holders,
+            purge_deletes_old_dead_and_done_events_up_to_the_limit,
+            revive_moves_a_dead_event_back_to_pending,
+            delete_refuses_only_a_running_event,
+            list_filters_and_pages_by_id,
+            counts_by_tenant_handler_and_state,
+        );
+    };
+    (@tests $make:path; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let fixture: $crate::testkit::TestStore = $make().await;
+                $crate::testkit::store::$name(fixture.store.clone()).await;
                 drop(fixture);
             }
         )*
