@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod demo;
+mod migrate;
 
 use clap::{Parser, Subcommand};
 
@@ -18,6 +19,8 @@ enum Command {
     /// Run an embedded herald (SQLite + in-process queue) on a mix of events
     /// and print what happened.
     Demo(demo::DemoArgs),
+    /// Create or upgrade herald's tables in a store (PostgreSQL or SQLite).
+    Migrate(migrate::MigrateArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -25,6 +28,7 @@ fn main() -> std::process::ExitCode {
     // The demo's dead events are expected: keep its screen for the summary.
     let default_level = match cli.command {
         Command::Demo(_) => "error",
+        Command::Migrate(_) => "warn",
     };
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -42,7 +46,8 @@ fn main() -> std::process::ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Demo(args) => demo::run(args).await,
+            Command::Demo(args) => demo::run(args).await.map_err(|e| e.to_string()),
+            Command::Migrate(args) => migrate::run(args).await.map_err(|e| e.to_string()),
         }
     });
     match result {

@@ -34,6 +34,25 @@ pub struct TestStore {
     pub keep: Box<dyn Any + Send + Sync>,
 }
 
+/// What a suite's fixture function may return: a store, or `None` when its
+/// service is unreachable and the fixture has said so (the test is skipped).
+pub trait Fixture {
+    /// The store, if there is one.
+    fn into_store(self) -> Option<TestStore>;
+}
+
+impl Fixture for TestStore {
+    fn into_store(self) -> Option<TestStore> {
+        Some(self)
+    }
+}
+
+impl Fixture for Option<TestStore> {
+    fn into_store(self) -> Option<TestStore> {
+        self
+    }
+}
+
 /// Polls `check` every 10 ms until it holds; panics with `what` after `within`.
 pub async fn eventually<F, Fut>(what: &str, within: Duration, mut check: F)
 where
@@ -114,7 +133,8 @@ pub async fn stored(store: &dyn Store) -> u64 {
 }
 
 /// Generates one `#[tokio::test]` per engine scenario, each on a fresh
-/// store from `$make` (an `async fn() -> TestStore`).
+/// store from `$make` (an `async fn()` returning a [`Fixture`]: a
+/// `TestStore`, or `Option<TestStore>` for a service that may be absent).
 #[macro_export]
 macro_rules! engine_suite {
     ($make:path) => {
@@ -154,7 +174,11 @@ macro_rules! engine_suite {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
-                let fixture: $crate::testkit::TestStore = $make().await;
+                // A fixture may return `None`: its service is unreachable and
+                // it said so (a skip, outside CI).
+                let Some(fixture) = $crate::testkit::Fixture::into_store($make().await) else {
+                    return;
+                };
                 $crate::testkit::engine::$name(fixture.store.clone()).await;
                 drop(fixture);
             }
@@ -209,7 +233,11 @@ macro_rules! store_suite {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
-                let fixture: $crate::testkit::TestStore = $make().await;
+                // A fixture may return `None`: its service is unreachable and
+                // it said so (a skip, outside CI).
+                let Some(fixture) = $crate::testkit::Fixture::into_store($make().await) else {
+                    return;
+                };
                 $crate::testkit::store::$name(fixture.store.clone()).await;
                 drop(fixture);
             }

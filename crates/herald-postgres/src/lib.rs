@@ -1,0 +1,1229 @@
+//! herald's distributed store: PostgreSQL 15+.
+//!
+//! [`PgStore`] implements [`herald::Store`] on a connection pool (sqlx).
+//! Everything lives in herald's own schema (`herald` by default), created
+//! and upgraded by [`migrate`] (the `herald migrate` command); connecting
+//! checks the schema's version and says which command to run when it does
+//! not match.
+//!
+//! Every hot-path call is one statement on a batch, looked up by primary
+//! key: a claim is one conditional `UPDATE … WHERE id = ANY($ids) …
+//! RETURNING`, a batch of completions one `DELETE … USING unnest(…)` fenced
+//! by the lease tokens. Lease expiry and `run_at` are judged by the
+//! database's clock (`now()`). No transaction, row lock or advisory lock is
+//! held while a handler runs: each call is one statement or one short
+//! transaction. `docs/postgres.md` (at the repository root) describes the schema, the
+//! indexes and the plans.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), herald::StoreError> {
+//! use herald::Store;
+//! herald_postgres::migrate("postgres://postgres@127.0.0.1/app", "herald").await?;
+//! let store = herald_postgres::PgStore::connect("postgres://postgres@127.0.0.1/app").await?;
+//! let counts = store.counts().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Transactional emit: store events inside the application's own
+//! transaction with [`PgStore::emit_in`], commit, then publish their
+//! notifications with [`herald::Client::notify_emitted`]. If the process dies
+//! between the commit and the publish, the reconciler notifies them.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod rows;
+mod schema;
+mod sql;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use herald::store::{
+    Count, EventFilter, Finish, Inspected, Inspection, LeaseRef, Scheduled, Settle, StoreResult,
+    SweepPage, SweepPass,
+};
+use herald::{
+    Emitted, Event, EventId, EventState, LeaseToken, Millis, NewEvent, Notification, Rule,
+    RuleKind, RuleMatch, Store, StoreError,
+};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::{Connection, PgConnection, Row};
+use uuid::Uuid;
+
+use crate::rows::{event, event_row, state_code, state_from, Ctx, DbError, EVENT_COLUMN_COUNT};
+use crate::schema::SchemaName;
+use crate::sql::Sql;
+
+pub use crate::schema::{SchemaNameError, DEFAULT_SCHEMA, SCHEMA_VERSION};
+
+/// herald's store on PostgreSQL. Cheap to clone: clones share the pool.
+#[derive(Clone)]
+pub struct PgStore {
+    pool: PgPool,
+    schema: Arc<SchemaName>,
+    sql: Arc<Sql>,
+    location: Arc<str>,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("location", &self.location)
+            .field("schema", &self.schema.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Applies herald's migrations to `schema` in the database at `url`,
+/// creating the schema if needed: the `herald migrate` command. Safe to run
+/// again, and from several processes at once. Returns the schema version
+/// before and after.
+///
+/// # Errors
+///
+/// [`StoreError::Open`] if the database can't be reached or a migration
+/// fails, [`StoreError::NotHerald`] if the schema holds someone else's
+/// tables, [`StoreError::TooNew`] if a newer herald migrated it.
+pub async fn migrate(url: &str, schema: &str) -> StoreResult<(i64, i64)> {
+    let location = schema::redact(url);
+    let name = schema_name(schema, &location)?;
+    let mut conn = PgConnection::connect(url)
+        .await
+        .map_err(|e| open_error(&location, &e))?;
+    let out = schema::migrate(&mut conn, &name, &location).await;
+    let _ = conn.close().await;
+    out
+}
+
+fn open_error(location: &str, e: &sqlx::Error) -> StoreError {
+    StoreError::Open {
+        location: location.to_string(),
+        reason: e.to_string(),
+    }
+}
+
+fn schema_name(schema: &str, location: &str) -> StoreResult<SchemaName> {
+    SchemaName::new(schema).map_err(|e| StoreError::Open {
+        location: location.to_string(),
+        reason: e.to_string(),
+    })
+}
+
+/// A `Duration` in milliseconds for SQL, capped at a century so that adding
+/// it to a time can neither overflow nor reach the parked mark.
+fn ms(d: Duration) -> i64 {
+    const CENTURY_MS: u128 = 100 * 365 * 24 * 3600 * 1000;
+    d.as_millis().min(CENTURY_MS) as i64
+}
+
+fn limit_i64(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
+}
+
+fn uuids(ids: &[EventId]) -> Vec<Uuid> {
+    ids.iter().map(|id| id.0).collect()
+}
+
+fn due(tenant: String, id: EventId) -> Scheduled {
+    Scheduled {
+        notification: Notification {
+            tenant,
+            event_id: id,
+        },
+        delay: Duration::ZERO,
+    }
+}
+
+/// The settle kinds, as indexes into [`Sql::settle`].
+fn kind(finish: &Finish) -> usize {
+    match finish {
+        Finish::Delete => 0,
+        Finish::Archive => 1,
+        Finish::Release { .. } => 2,
+        Finish::Bury { .. } => 3,
+    }
+}
+
+/// Rows parked by one sweep call at most, as a multiple of its `limit` (as in
+/// the SQLite store), so that one call stays a short transaction even when
+/// a rule holds millions of due events.
+const PARK_FACTOR: usize = 16;
+
+/// `max_attempts` as stored (an `integer`): values beyond `i32::MAX` are
+/// stored as `i32::MAX`, which is as good as unlimited.
+fn max_attempts(n: u32) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+/// Results inside the store.
+type DbResult<T> = Result<T, DbError>;
+
+/// Runs `attempt` again when it failed transiently (a deadlock victim or a
+/// serialization failure: the statement or transaction wrote nothing), up
+/// to four times in all. Concurrent batches that write overlapping rows
+/// (an unpause re-notifying events that workers are claiming) may lock
+/// them in different orders; PostgreSQL then cancels one statement.
+async fn retry<T, F, Fut>(op: &'static str, mut attempt: F) -> StoreResult<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = DbResult<T>>,
+{
+    let mut tries = 1;
+    loop {
+        match attempt().await {
+            Err(e) if e.transient() && tries < 4 => {
+                tracing::debug!(op, error = %e, tries, "herald-postgres: transient failure, trying again");
+                tries += 1;
+                let pause = Duration::from_millis(rand_millis(5 * tries));
+                tokio::time::sleep(pause).await;
+            }
+            other => return other.map_err(StoreError::from),
+        }
+    }
+}
+
+/// A small pseudo-random pause in `[0, max)` ms (no need for a real RNG).
+fn rand_millis(max: u64) -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .subsec_nanos() as u64;
+    nanos % max.max(1)
+}
+
+fn rule_kind(kind: &str, op: &str) -> StoreResult<RuleKind> {
+    RuleKind::parse(kind)
+        .ok_or_else(|| StoreError::Backend(format!("{op}: unknown rule kind {kind}")))
+}
+
+impl PgStore {
+    /// Connects to the database at `url` and uses herald's schema `herald`,
+    /// with sqlx's default pool (10 connections), waiting up to 10 s for the
+    /// server.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Open`] if the database can't be reached or the schema
+    /// is not migrated to this build's version (the message says to run
+    /// `herald migrate`), [`StoreError::NotHerald`] if the schema holds
+    /// someone else's tables, [`StoreError::TooNew`] if a newer herald
+    /// migrated it.
+    pub async fn connect(url: &str) -> StoreResult<PgStore> {
+        let location = schema::redact(url);
+        let options: PgConnectOptions = url.parse().map_err(|e| open_error(&location, &e))?;
+        let pool = PgPoolOptions::new().acquire_timeout(Duration::from_secs(10));
+        Self::connect_with(pool, options, DEFAULT_SCHEMA).await
+    }
+
+    /// Connects with explicit pool and connection options, using `schema`
+    /// for herald's tables. Checks the schema like [`PgStore::connect`].
+    /// The connections get [`tune`]'s settings.
+    pub async fn connect_with(
+        pool: PgPoolOptions,
+        options: PgConnectOptions,
+        schema: &str,
+    ) -> StoreResult<PgStore> {
+        let location = describe(&options);
+        let pool = pool
+            .connect_with(tune(options))
+            .await
+            .map_err(|e| open_error(&location, &e))?;
+        Self::from_pool(pool, schema).await
+    }
+
+    /// Uses an existing pool (for example the application's own, so that
+    /// [`PgStore::emit_in`] shares its transactions). Checks the schema like
+    /// [`PgStore::connect`]. Build the pool's options with [`tune`], or
+    /// concurrent batches may now and then deadlock (PostgreSQL then cancels
+    /// one statement after `deadlock_timeout`, and the store runs it again).
+    pub async fn from_pool(pool: PgPool, schema: &str) -> StoreResult<PgStore> {
+        let store = Self::from_pool_unchecked(pool, schema)?;
+        store.check_schema().await?;
+        Ok(store)
+    }
+
+    /// Uses an existing pool without looking at the schema: for
+    /// [`PgStore::migrate`] before first use. Every other call fails until
+    /// the schema is migrated.
+    pub fn from_pool_unchecked(pool: PgPool, schema: &str) -> StoreResult<PgStore> {
+        let location = describe(&pool.connect_options());
+        let name = schema_name(schema, &location)?;
+        Ok(PgStore {
+            sql: Arc::new(Sql::new(&name.quoted)),
+            schema: Arc::new(name),
+            location: location.into(),
+            pool,
+        })
+    }
+
+    /// Applies pending migrations to this store's schema, creating it if
+    /// needed (see [`migrate`]). Returns the versions before and after.
+    pub async fn migrate(&self) -> StoreResult<(i64, i64)> {
+        let mut conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(|e| open_error(&self.location, &e))?;
+        schema::migrate(&mut conn, &self.schema, &self.location).await
+    }
+
+    /// Checks that the schema is herald's, at this build's version.
+    pub async fn check_schema(&self) -> StoreResult<()> {
+        let mut conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(|e| open_error(&self.location, &e))?;
+        schema::check(&mut conn, &self.schema, &self.location).await
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// herald's schema name, as given.
+    pub fn schema(&self) -> &str {
+        &self.schema.name
+    }
+
+    /// The text of the statements this store runs, by name (`claim`,
+    /// `settle_delete`, `sweep_quiet`, …), with `$n` parameters: for
+    /// `EXPLAIN` and for finding them in `pg_stat_statements`.
+    /// `bench/pg-explain.sh` prints their plans on a million events.
+    pub fn statements(&self) -> Vec<(&'static str, String)> {
+        self.sql.named()
+    }
+
+    /// Stores events inside the caller's transaction (or on any connection):
+    /// the same as [`Store::emit`], but nothing is visible, and nothing will
+    /// run, unless the caller commits. After the commit, publish with
+    /// [`herald::Client::notify_emitted`]; if that never happens (a crash
+    /// in between), the reconciler notifies them after its quiet period.
+    ///
+    /// ```no_run
+    /// # async fn demo(store: herald_postgres::PgStore, client: herald::Client,
+    /// #               batch: Vec<herald::EmitRequest>) -> Result<(), Box<dyn std::error::Error>> {
+    /// let events = client.prepare(batch)?;
+    /// let mut tx = store.pool().begin().await?;
+    /// // ... the application's own writes on `tx` ...
+    /// let emitted = store.emit_in(&mut tx, &events).await?;
+    /// tx.commit().await?;
+    /// client.notify_emitted(&events, &emitted).await;
+    /// # Ok(()) }
+    /// ```
+    pub async fn emit_in(
+        &self,
+        conn: &mut PgConnection,
+        events: &[NewEvent],
+    ) -> StoreResult<Vec<Emitted>> {
+        Ok(self.emit_on(conn, events).await?)
+    }
+
+    /// Inserts a batch on one connection: one statement, plus look-ups for
+    /// the keyed events that conflicted.
+    async fn emit_on(
+        &self,
+        conn: &mut PgConnection,
+        events: &[NewEvent],
+    ) -> DbResult<Vec<Emitted>> {
+        const OP: &str = "emit";
+        let mut out: Vec<Option<Emitted>> = vec![None; events.len()];
+        // Repeats within the batch take the first one's result.
+        let mut first_of_id: HashMap<EventId, usize> = HashMap::new();
+        let mut first_of_key: HashMap<(&str, &str, &str), usize> = HashMap::new();
+        let mut repeats: Vec<(usize, usize)> = Vec::new();
+        let mut todo: Vec<usize> = Vec::with_capacity(events.len());
+        for (i, e) in events.iter().enumerate() {
+            if let Some(&j) = first_of_id.get(&e.id) {
+                repeats.push((i, j));
+                continue;
+            }
+            if let Some(key) = &e.idempotency_key {
+                match first_of_key.entry((&e.tenant, &e.handler, key)) {
+                    Entry::Occupied(o) => {
+                        repeats.push((i, *o.get()));
+                        continue;
+                    }
+                    Entry::Vacant(v) => {
+                        v.insert(i);
+                    }
+                }
+            }
+            first_of_id.insert(e.id, i);
+            todo.push(i);
+        }
+        // An idempotent hit can race with the live event's end (deleted
+        // between our conflict and our look-up): try again, a few times.
+        for _round in 0..5 {
+            if todo.is_empty() {
+                break;
+            }
+            let batch: Vec<&NewEvent> = todo.iter().map(|&i| &events[i]).collect();
+            let inserted: HashSet<Uuid> = sqlx::query_scalar::<_, Uuid>(&self.sql.emit)
+                .bind(batch.iter().map(|e| e.id.0).collect::<Vec<_>>())
+                .bind(batch.iter().map(|e| e.tenant.as_str()).collect::<Vec<_>>())
+                .bind(batch.iter().map(|e| e.handler.as_str()).collect::<Vec<_>>())
+                .bind(batch.iter().map(|e| e.payload.as_str()).collect::<Vec<_>>())
+                .bind(batch.iter().map(|e| e.run_at.0).collect::<Vec<_>>())
+                .bind(
+                    batch
+                        .iter()
+                        .map(|e| max_attempts(e.max_attempts))
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    batch
+                        .iter()
+                        .map(|e| e.idempotency_key.as_deref())
+                        .collect::<Vec<_>>(),
+                )
+                .fetch_all(&mut *conn)
+                .await
+                .ctx(OP)?
+                .into_iter()
+                .collect();
+            let mut keyed = Vec::new();
+            for &i in &todo {
+                let e = &events[i];
+                if inserted.contains(&e.id.0) {
+                    out[i] = Some(Emitted::Created(e.id));
+                } else if e.idempotency_key.is_some() {
+                    keyed.push(i);
+                } else {
+                    // Only the primary key can conflict: a retried emit
+                    // whose first try committed.
+                    out[i] = Some(Emitted::Existing(e.id));
+                }
+            }
+            todo.clear();
+            if keyed.is_empty() {
+                break;
+            }
+            let rows: Vec<(i32, Uuid)> = sqlx::query_as(&self.sql.existing_keys)
+                .bind(
+                    keyed
+                        .iter()
+                        .map(|&i| events[i].tenant.as_str())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    keyed
+                        .iter()
+                        .map(|&i| events[i].handler.as_str())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    keyed
+                        .iter()
+                        .map(|&i| events[i].idempotency_key.as_deref().unwrap_or_default())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(keyed.iter().map(|&i| i as i32).collect::<Vec<_>>())
+                .fetch_all(&mut *conn)
+                .await
+                .ctx(OP)?;
+            for (i, id) in rows {
+                out[i as usize] = Some(Emitted::Existing(EventId(id)));
+            }
+            let unresolved: Vec<usize> = keyed.into_iter().filter(|&i| out[i].is_none()).collect();
+            if unresolved.is_empty() {
+                break;
+            }
+            // No live event holds the key: the conflict was on the id (the
+            // same event emitted again), or the live one just ended.
+            let ids: Vec<Uuid> = unresolved.iter().map(|&i| events[i].id.0).collect();
+            let stored: HashSet<Uuid> = sqlx::query_scalar::<_, Uuid>(&self.sql.existing_ids)
+                .bind(&ids)
+                .fetch_all(&mut *conn)
+                .await
+                .ctx(OP)?
+                .into_iter()
+                .collect();
+            for i in unresolved {
+                if stored.contains(&events[i].id.0) {
+                    out[i] = Some(Emitted::Existing(events[i].id));
+                } else {
+                    todo.push(i);
+                }
+            }
+        }
+        if !todo.is_empty() {
+            return Err(StoreError::Backend(format!(
+                "{OP}: {} event(s) kept conflicting on their idempotency keys; try again",
+                todo.len()
+            ))
+            .into());
+        }
+        for (i, j) in repeats {
+            let first = out[j].expect("the first of a repeat is resolved");
+            out[i] = Some(Emitted::Existing(first.id()));
+        }
+        Ok(out
+            .into_iter()
+            .map(|e| e.expect("every event is resolved"))
+            .collect())
+    }
+
+    /// [`Store::emit`] once: a single statement when no event has a key,
+    /// otherwise a transaction (the look-ups follow the insert, and a
+    /// failure must store nothing).
+    async fn emit_once(&self, events: &[NewEvent]) -> DbResult<Vec<Emitted>> {
+        if events.iter().all(|e| e.idempotency_key.is_none()) {
+            let mut conn = self.pool.acquire().await.ctx("emit")?;
+            return self.emit_on(&mut conn, events).await;
+        }
+        let mut tx = self.pool.begin().await.ctx("emit")?;
+        let out = self.emit_on(&mut tx, events).await?;
+        tx.commit().await.ctx("emit")?;
+        Ok(out)
+    }
+
+    async fn claim_once(
+        &self,
+        ids: &[Uuid],
+        handlers: &[String],
+        token: LeaseToken,
+        lease: Duration,
+    ) -> DbResult<Vec<Event>> {
+        const OP: &str = "claim";
+        sqlx::query(&self.sql.claim)
+            .bind(token.0)
+            .bind(ms(lease))
+            .bind(ids)
+            .bind(handlers)
+            .fetch_all(&self.pool)
+            .await
+            .ctx(OP)?
+            .iter()
+            .map(event_row)
+            .collect::<Result<_, _>>()
+            .ctx(OP)
+    }
+
+    async fn inspect_once(&self, ids: &[Uuid]) -> DbResult<Inspection> {
+        const OP: &str = "inspect";
+        let rows = sqlx::query(&self.sql.inspect)
+            .bind(ids)
+            .fetch_all(&self.pool)
+            .await
+            .ctx(OP)?;
+        let mut now = Millis(0);
+        let mut found = Vec::with_capacity(rows.len());
+        for r in &rows {
+            now = Millis(r.try_get(0).ctx(OP)?);
+            let Some(ev) = event(r, 1).ctx(OP)? else {
+                continue;
+            };
+            let blocked: bool = r.try_get(1 + EVENT_COLUMN_COUNT).ctx(OP)?;
+            let paused: bool = r.try_get(2 + EVENT_COLUMN_COUNT).ctx(OP)?;
+            found.push(Inspected {
+                event: ev,
+                rules: RuleMatch { blocked, paused },
+            });
+        }
+        Ok(Inspection { found, now })
+    }
+
+    /// One settle statement: the items of one kind (`k`), at their batch
+    /// positions, in id order. Returns the positions whose fence held.
+    async fn settle_kind(
+        &self,
+        k: usize,
+        batch: &[Settle],
+        items: &[usize],
+    ) -> DbResult<Vec<usize>> {
+        const OP: &str = "settle";
+        let ids: Vec<Uuid> = items.iter().map(|&i| batch[i].id.0).collect();
+        let tokens: Vec<Option<Uuid>> =
+            items.iter().map(|&i| batch[i].token.map(|t| t.0)).collect();
+        let ords: Vec<i32> = items.iter().map(|&i| i as i32).collect();
+        let mut q = sqlx::query_scalar::<_, i32>(&self.sql.settle[k])
+            .bind(ids)
+            .bind(tokens)
+            .bind(ords);
+        match k {
+            2 => {
+                let mut waits = Vec::with_capacity(items.len());
+                let mut give_backs = Vec::with_capacity(items.len());
+                let mut errors = Vec::with_capacity(items.len());
+                for &i in items {
+                    if let Finish::Release {
+                        wait,
+                        error,
+                        give_back,
+                    } = &batch[i].finish
+                    {
+                        waits.push(ms(*wait));
+                        give_backs.push(i32::from(*give_back));
+                        errors.push(error.as_deref());
+                    }
+                }
+                q = q.bind(waits).bind(give_backs).bind(errors);
+            }
+            3 => {
+                let errors: Vec<&str> = items
+                    .iter()
+                    .map(|&i| match &batch[i].finish {
+                        Finish::Bury { error } => error.as_str(),
+                        _ => "",
+                    })
+                    .collect();
+                q = q.bind(errors);
+            }
+            _ => {}
+        }
+        let held = q.fetch_all(&self.pool).await.ctx(OP)?;
+        Ok(held.into_iter().map(|i| i as usize).collect())
+    }
+
+    async fn renew_once(
+        &self,
+        leases: &[LeaseRef],
+        order: &[usize],
+        lease: Duration,
+    ) -> DbResult<Vec<usize>> {
+        const OP: &str = "renew";
+        let held = sqlx::query_scalar::<_, i32>(&self.sql.renew)
+            .bind(ms(lease))
+            .bind(order.iter().map(|&i| leases[i].id.0).collect::<Vec<_>>())
+            .bind(order.iter().map(|&i| leases[i].token.0).collect::<Vec<_>>())
+            .bind(order.iter().map(|&i| i as i32).collect::<Vec<_>>())
+            .fetch_all(&self.pool)
+            .await
+            .ctx(OP)?;
+        Ok(held.into_iter().map(|i| i as usize).collect())
+    }
+
+    async fn renotify_once(
+        &self,
+        tenant: &str,
+        handler: &str,
+        after: Option<EventId>,
+        limit: usize,
+    ) -> DbResult<Vec<Scheduled>> {
+        const OP: &str = "renotify_page";
+        let q = match after {
+            None => sqlx::query_as::<_, (Uuid, i64, i64)>(&self.sql.renotify),
+            Some(_) => sqlx::query_as(&self.sql.renotify_after),
+        }
+        .bind(tenant)
+        .bind(handler)
+        .bind(limit_i64(limit));
+        let q = match after {
+            Some(a) => q.bind(a.0),
+            None => q,
+        };
+        let mut page = q.fetch_all(&self.pool).await.ctx(OP)?;
+        page.sort_unstable_by_key(|&(id, _, _)| id);
+        Ok(page
+            .into_iter()
+            .map(|(id, run_at, now)| Scheduled {
+                notification: Notification {
+                    tenant: tenant.to_string(),
+                    event_id: EventId(id),
+                },
+                delay: Millis(now).until(Millis(run_at)),
+            })
+            .collect())
+    }
+
+    /// One sweep call, in one short transaction.
+    async fn sweep_once(
+        &self,
+        quiet: Duration,
+        pass: Option<SweepPass>,
+        limit: usize,
+    ) -> DbResult<SweepPage> {
+        const OP: &str = "sweep";
+        let mut tx = self.pool.begin().await.ctx(OP)?;
+        // The transaction's clock: the same for every statement of the call.
+        let now = Millis(
+            sqlx::query_scalar::<_, i64>(&self.sql.now)
+                .fetch_one(&mut *tx)
+                .await
+                .ctx(OP)?,
+        );
+        let cutoff = pass.map_or_else(|| now.minus(quiet), |p| p.cutoff);
+        let mut out = Vec::new();
+        let mut parked = 0;
+        let park_cap = limit.saturating_mul(PARK_FACTOR);
+        if limit > 0 {
+            self.unpark_orphans(&mut tx, park_cap).await?;
+            // Dead workers' events first: their leases expired after their
+            // last notification; no quiet period.
+            let mut walk = Walk {
+                now,
+                bound: cutoff,
+                limit,
+                park_cap,
+                parked: &mut parked,
+                out: &mut out,
+            };
+            // The window starts at the cutoff: just after (cutoff - 1, max).
+            let window = (cutoff.0.saturating_sub(1), Uuid::max());
+            self.sweep_source(&mut tx, &self.sql.sweep_expired, window, &mut walk)
+                .await?;
+            // Then everything due and not notified since the pass's cutoff.
+            self.sweep_source(
+                &mut tx,
+                &self.sql.sweep_quiet,
+                (i64::MIN, Uuid::nil()),
+                &mut walk,
+            )
+            .await?;
+        }
+        tx.commit().await.ctx(OP)?;
+        if parked > 0 {
+            tracing::debug!(parked, "herald-postgres: sweep parked events held by rules");
+        }
+        Ok(SweepPage {
+            complete: out.len() < limit && parked < park_cap,
+            due: out,
+            pass: SweepPass { cutoff },
+        })
+    }
+
+    /// Un-parks the events of handlers whose rules are gone (as the SQLite
+    /// store does: normally unpause re-notifies them, but a crash between
+    /// removing the rule and paging through its events would leave them
+    /// parked). At most `cap` events per handler per call.
+    async fn unpark_orphans(&self, conn: &mut PgConnection, cap: usize) -> DbResult<()> {
+        const OP: &str = "sweep";
+        let orphans: Vec<(String, String)> = sqlx::query_as(&self.sql.orphans)
+            .fetch_all(&mut *conn)
+            .await
+            .ctx(OP)?;
+        for (tenant, handler) in orphans {
+            let n = sqlx::query(&self.sql.unpark)
+                .bind(&tenant)
+                .bind(&handler)
+                .bind(limit_i64(cap))
+                .execute(&mut *conn)
+                .await
+                .ctx(OP)?
+                .rows_affected();
+            if n > 0 {
+                tracing::info!(
+                    tenant,
+                    handler,
+                    events = n,
+                    "herald-postgres: unparked events whose rule is gone"
+                );
+            }
+            if (n as usize) < cap {
+                sqlx::query(&self.sql.forget_parked)
+                    .bind(&tenant)
+                    .bind(&handler)
+                    .execute(&mut *conn)
+                    .await
+                    .ctx(OP)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Walks one of the sweep's sources in index order, parking ruled
+    /// candidates and stamping the others notified, until `out` has `limit`
+    /// entries, the source is exhausted, or `parked` reaches `park_cap`.
+    /// `start` is the keyset cursor to start after.
+    async fn sweep_source(
+        &self,
+        conn: &mut PgConnection,
+        sql: &str,
+        start: (i64, Uuid),
+        w: &mut Walk<'_>,
+    ) -> DbResult<()> {
+        const OP: &str = "sweep";
+        let mut cursor = start;
+        while w.out.len() < w.limit && *w.parked < w.park_cap {
+            let want = (w.limit - w.out.len()).max(64);
+            let rows: Vec<(Uuid, String, String, bool, i64)> = sqlx::query_as(sql)
+                .bind(w.now.0)
+                .bind(w.bound.0)
+                .bind(cursor.0)
+                .bind(cursor.1)
+                .bind(limit_i64(want))
+                .fetch_all(&mut *conn)
+                .await
+                .ctx(OP)?;
+            let exhausted = rows.len() < want;
+            let mut stamp: Vec<Uuid> = Vec::new();
+            let mut park: Vec<Uuid> = Vec::new();
+            let mut pairs: (Vec<String>, Vec<String>) = (Vec::new(), Vec::new());
+            let mut stop = false;
+            for (id, tenant, handler, ruled, key) in rows {
+                if ruled {
+                    cursor = (key, id);
+                    park.push(id);
+                    pairs.0.push(tenant);
+                    pairs.1.push(handler);
+                    *w.parked += 1;
+                    if *w.parked >= w.park_cap {
+                        stop = true;
+                        break;
+                    }
+                } else if w.out.len() < w.limit {
+                    cursor = (key, id);
+                    stamp.push(id);
+                    w.out.push(due(tenant, EventId(id)));
+                } else {
+                    stop = true;
+                    break;
+                }
+            }
+            if !stamp.is_empty() {
+                stamp.sort_unstable();
+                sqlx::query(&self.sql.stamp)
+                    .bind(w.now.0)
+                    .bind(&stamp)
+                    .execute(&mut *conn)
+                    .await
+                    .ctx(OP)?;
+            }
+            if !park.is_empty() {
+                park.sort_unstable();
+                sqlx::query(&self.sql.park)
+                    .bind(&park)
+                    .execute(&mut *conn)
+                    .await
+                    .ctx(OP)?;
+                sqlx::query(&self.sql.note_parked)
+                    .bind(&pairs.0)
+                    .bind(&pairs.1)
+                    .execute(&mut *conn)
+                    .await
+                    .ctx(OP)?;
+            }
+            if stop || exhausted {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    async fn purge_once(
+        &self,
+        dead_before: Millis,
+        done_before: Millis,
+        limit: usize,
+    ) -> DbResult<u64> {
+        const OP: &str = "purge";
+        let dead = sqlx::query(&self.sql.purge)
+            .bind(state_code(EventState::Dead))
+            .bind(dead_before.0)
+            .bind(limit_i64(limit))
+            .execute(&self.pool)
+            .await
+            .ctx(OP)?
+            .rows_affected();
+        let done = if (dead as usize) < limit {
+            sqlx::query(&self.sql.purge)
+                .bind(state_code(EventState::Done))
+                .bind(done_before.0)
+                .bind(limit_i64(limit - dead as usize))
+                .execute(&self.pool)
+                .await
+                .ctx(OP)?
+                .rows_affected()
+        } else {
+            0
+        };
+        Ok(dead + done)
+    }
+
+    async fn list_once(&self, filter: &EventFilter, limit: usize) -> DbResult<Vec<Event>> {
+        const OP: &str = "list";
+        let lim = limit_i64(limit);
+        let after = filter.after.map(|a| a.0);
+        let read = |rows: Vec<PgRow>| -> DbResult<Vec<Event>> {
+            rows.iter().map(event_row).collect::<Result<_, _>>().ctx(OP)
+        };
+        match (&filter.tenant, &filter.handler, filter.state) {
+            // One handler: walk the (tenant, handler, state, id) index, one
+            // state range at a time, and merge.
+            (Some(tenant), Some(handler), state) => {
+                let states = match state {
+                    Some(s) => vec![s],
+                    None => vec![EventState::Pending, EventState::Dead, EventState::Done],
+                };
+                let sql = self.sql.fill(if after.is_some() {
+                    "SELECT {cols} FROM {s}.events AS e WHERE e.tenant = $1 AND e.handler = $2 \
+                     AND e.state = $3 AND e.id > $5 ORDER BY e.id LIMIT $4"
+                } else {
+                    "SELECT {cols} FROM {s}.events AS e WHERE e.tenant = $1 AND e.handler = $2 \
+                     AND e.state = $3 ORDER BY e.id LIMIT $4"
+                });
+                let mut out = Vec::new();
+                for s in states {
+                    let q = sqlx::query(&sql)
+                        .bind(tenant)
+                        .bind(handler)
+                        .bind(state_code(s))
+                        .bind(lim);
+                    let q = match after {
+                        Some(a) => q.bind(a),
+                        None => q,
+                    };
+                    out.extend(read(q.fetch_all(&self.pool).await.ctx(OP)?)?);
+                }
+                out.sort_unstable_by_key(|e| e.id);
+                out.truncate(limit);
+                Ok(out)
+            }
+            // Otherwise walk the primary key from the cursor, filtering.
+            (tenant, handler, state) => {
+                let sql = self.sql.fill(if after.is_some() {
+                    "SELECT {cols} FROM {s}.events AS e WHERE e.id > $5 \
+                     AND ($1::text IS NULL OR e.tenant = $1) \
+                     AND ($2::text IS NULL OR e.handler = $2) \
+                     AND ($3::int2 IS NULL OR e.state = $3) ORDER BY e.id LIMIT $4"
+                } else {
+                    "SELECT {cols} FROM {s}.events AS e WHERE \
+                     ($1::text IS NULL OR e.tenant = $1) \
+                     AND ($2::text IS NULL OR e.handler = $2) \
+                     AND ($3::int2 IS NULL OR e.state = $3) ORDER BY e.id LIMIT $4"
+                });
+                let q = sqlx::query(&sql)
+                    .bind(tenant.as_deref())
+                    .bind(handler.as_deref())
+                    .bind(state.map(state_code))
+                    .bind(lim);
+                let q = match after {
+                    Some(a) => q.bind(a),
+                    None => q,
+                };
+                read(q.fetch_all(&self.pool).await.ctx(OP)?)
+            }
+        }
+    }
+
+    async fn revive_once(&self, id: EventId) -> DbResult<Option<Scheduled>> {
+        const OP: &str = "revive";
+        // Reviving must not make a second live event with the same
+        // idempotency key (the unique index would refuse it anyway).
+        let clash: Option<Uuid> = sqlx::query_scalar(&self.sql.revive_clash)
+            .bind(id.0)
+            .fetch_optional(&self.pool)
+            .await
+            .ctx(OP)?;
+        let refuse = |live: &dyn std::fmt::Display| -> DbError {
+            StoreError::Invalid(format!(
+                "cannot revive {id}: event {live} is live with the same idempotency key"
+            ))
+            .into()
+        };
+        if let Some(live) = clash {
+            return Err(refuse(&live));
+        }
+        match sqlx::query_scalar::<_, String>(&self.sql.revive)
+            .bind(id.0)
+            .fetch_optional(&self.pool)
+            .await
+        {
+            Ok(t) => Ok(t.map(|tenant| due(tenant, id))),
+            // A live event with the key appeared in between.
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("23505") => {
+                Err(refuse(&"another"))
+            }
+            Err(e) => Err(e).ctx(OP),
+        }
+    }
+
+    /// A statement that reports whether it wrote exactly one row.
+    async fn exec_one<'q>(
+        &self,
+        op: &'static str,
+        query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> DbResult<bool> {
+        query
+            .execute(&self.pool)
+            .await
+            .map(|r| r.rows_affected() == 1)
+            .ctx(op)
+    }
+}
+
+/// Where one sweep call is.
+struct Walk<'a> {
+    now: Millis,
+    /// The pass's cutoff.
+    bound: Millis,
+    limit: usize,
+    park_cap: usize,
+    parked: &'a mut usize,
+    out: &'a mut Vec<Scheduled>,
+}
+
+/// Connection settings herald's statements rely on: the planner walks
+/// indexes and joins by nested loop, never a sequential or bitmap scan, a
+/// hash or a merge join.
+///
+/// Every statement that writes several events (claim, settle, renew,
+/// re-notify, the sweep's stamps) takes their ids sorted, and with these
+/// plans it locks the rows in id order, so concurrent batches that share
+/// rows (a heartbeat and a settle of the same runs; an unpause re-notifying
+/// events that workers are claiming) wait for each other instead of
+/// deadlocking. Whatever the table's size, each of these statements is a
+/// primary-key lookup per id anyway (docs/postgres.md shows the plans); on
+/// a small table the planner would otherwise pick a scan in physical order.
+pub fn tune(options: PgConnectOptions) -> PgConnectOptions {
+    options.options([
+        ("enable_seqscan", "off"),
+        ("enable_bitmapscan", "off"),
+        ("enable_hashjoin", "off"),
+        ("enable_mergejoin", "off"),
+    ])
+}
+
+/// Where a pool connects, for messages (no password).
+fn describe(options: &PgConnectOptions) -> String {
+    format!(
+        "postgres://{}@{}:{}/{}",
+        options.get_username(),
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or_default()
+    )
+}
+
+#[async_trait]
+impl Store for PgStore {
+    async fn emit(&self, events: &[NewEvent]) -> StoreResult<Vec<Emitted>> {
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        retry("emit", || self.emit_once(events)).await
+    }
+
+    async fn claim(
+        &self,
+        ids: &[EventId],
+        handlers: &[String],
+        token: LeaseToken,
+        lease: Duration,
+    ) -> StoreResult<Vec<Event>> {
+        if ids.is_empty() || handlers.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut ids = uuids(ids);
+        ids.sort_unstable();
+        ids.dedup();
+        retry("claim", || self.claim_once(&ids, handlers, token, lease)).await
+    }
+
+    async fn inspect(&self, ids: &[EventId]) -> StoreResult<Inspection> {
+        let ids = uuids(ids);
+        retry("inspect", || self.inspect_once(&ids)).await
+    }
+
+    async fn settle(&self, batch: &[Settle]) -> StoreResult<Vec<bool>> {
+        let mut held = vec![false; batch.len()];
+        // One statement per kind, each item at its batch position; rows are
+        // taken in id order, as claims take them.
+        let mut by_kind: [Vec<usize>; 4] = Default::default();
+        for (i, s) in batch.iter().enumerate() {
+            by_kind[kind(&s.finish)].push(i);
+        }
+        for (k, items) in by_kind.iter_mut().enumerate() {
+            if items.is_empty() {
+                continue;
+            }
+            items.sort_by_key(|&i| batch[i].id);
+            let items = &*items;
+            for i in retry("settle", || self.settle_kind(k, batch, items)).await? {
+                held[i] = true;
+            }
+        }
+        Ok(held)
+    }
+
+    async fn renew(&self, leases: &[LeaseRef], lease: Duration) -> StoreResult<Vec<bool>> {
+        let mut held = vec![false; leases.len()];
+        if leases.is_empty() {
+            return Ok(held);
+        }
+        let mut order: Vec<usize> = (0..leases.len()).collect();
+        order.sort_by_key(|&i| leases[i].id);
+        for i in retry("renew", || self.renew_once(leases, &order, lease)).await? {
+            held[i] = true;
+        }
+        Ok(held)
+    }
+
+    async fn add_rule(&self, rule: &Rule) -> StoreResult<bool> {
+        retry("add_rule", || {
+            self.exec_one(
+                "add_rule",
+                sqlx::query(&self.sql.add_rule)
+                    .bind(&rule.tenant)
+                    .bind(&rule.handler)
+                    .bind(rule.kind.as_str()),
+            )
+        })
+        .await
+    }
+
+    async fn remove_rule(&self, rule: &Rule) -> StoreResult<bool> {
+        retry("remove_rule", || {
+            self.exec_one(
+                "remove_rule",
+                sqlx::query(&self.sql.remove_rule)
+                    .bind(&rule.tenant)
+                    .bind(&rule.handler)
+                    .bind(rule.kind.as_str()),
+            )
+        })
+        .await
+    }
+
+    async fn rules_for(&self, tenant: &str, handler: &str) -> StoreResult<RuleMatch> {
+        const OP: &str = "rules_for";
+        let kinds: Vec<String> = sqlx::query_scalar(&self.sql.rules_for)
+            .bind(tenant)
+            .bind(handler)
+            .fetch_all(&self.pool)
+            .await
+            .ctx(OP)?;
+        let mut m = RuleMatch::default();
+        for k in kinds {
+            match rule_kind(&k, OP)? {
+                RuleKind::Block => m.blocked = true,
+                RuleKind::Pause => m.paused = true,
+            }
+        }
+        Ok(m)
+    }
+
+    async fn rules(&self) -> StoreResult<Vec<Rule>> {
+        const OP: &str = "rules";
+        let rows: Vec<(String, String, String)> = sqlx::query_as(&self.sql.rules)
+            .fetch_all(&self.pool)
+            .await
+            .ctx(OP)?;
+        rows.into_iter()
+            .map(|(tenant, handler, kind)| {
+                Ok(Rule {
+                    tenant,
+                    handler,
+                    kind: rule_kind(&kind, OP)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn renotify_page(
+        &self,
+        tenant: &str,
+        handler: &str,
+        after: Option<EventId>,
+        limit: usize,
+    ) -> StoreResult<Vec<Scheduled>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        retry("renotify_page", || {
+            self.renotify_once(tenant, handler, after, limit)
+        })
+        .await
+    }
+
+    async fn sweep(
+        &self,
+        quiet: Duration,
+        pass: Option<SweepPass>,
+        limit: usize,
+    ) -> StoreResult<SweepPage> {
+        retry("sweep", || self.sweep_once(quiet, pass, limit)).await
+    }
+
+    async fn lead(&self, role: &str, holder: &str, lease: Duration) -> StoreResult<bool> {
+        retry("lead", || {
+            self.exec_one(
+                "lead",
+                sqlx::query(&self.sql.lead)
+                    .bind(role)
+                    .bind(holder)
+                    .bind(ms(lease)),
+            )
+        })
+        .await
+    }
+
+    async fn resign(&self, role: &str, holder: &str) -> StoreResult<()> {
+        retry("resign", || {
+            self.exec_one(
+                "resign",
+                sqlx::query(&self.sql.resign).bind(role).bind(holder),
+            )
+        })
+        .await
+        .map(|_| ())
+    }
+
+    async fn purge(
+        &self,
+        dead_before: Millis,
+        done_before: Millis,
+        limit: usize,
+    ) -> StoreResult<u64> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        retry("purge", || self.purge_once(dead_before, done_before, limit)).await
+    }
+
+    async fn get(&self, id: EventId) -> StoreResult<Option<Event>> {
+        const OP: &str = "get";
+        Ok(sqlx::query(&self.sql.get)
+            .bind(id.0)
+            .fetch_optional(&self.pool)
+            .await
+            .ctx(OP)?
+            .as_ref()
+            .map(event_row)
+            .transpose()
+            .ctx(OP)?)
+    }
+
+    async fn list(&self, filter: &EventFilter, limit: usize) -> StoreResult<Vec<Event>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        Ok(self.list_once(filter, limit).await?)
+    }
+
+    async fn counts(&self) -> StoreResult<Vec<Count>> {
+        const OP: &str = "counts";
+        let rows: Vec<(String, String, i16, i64)> = sqlx::query_as(&self.sql.counts)
+            .fetch_all(&self.pool)
+            .await
+            .ctx(OP)?;
+        rows.into_iter()
+            .map(|(tenant, handler, state, count)| {
+                Ok(Count {
+                    tenant,
+                    handler,
+                    state: state_from(2, state).ctx(OP)?,
+                    count: count.max(0) as u64,
+                })
+            })
+            .collect()
+    }
+
+    async fn revive(&self, id: EventId) -> StoreResult<Option<Scheduled>> {
+        retry("revive", || self.revive_once(id)).await
+    }
+
+    async fn delete(&self, id: EventId) -> StoreResult<bool> {
+        retry("delete", || {
+            self.exec_one("delete", sqlx::query(&self.sql.delete).bind(id.0))
+        })
+        .await
+    }
+}

@@ -1,0 +1,135 @@
+//! Conversions between herald's types and PostgreSQL rows.
+
+use herald::{Event, EventId, EventState, Lease, LeaseToken, Millis, StoreError};
+use sqlx::postgres::PgRow;
+use sqlx::Row;
+use uuid::Uuid;
+
+/// The columns [`event`] reads, in order, each prefixed with `e.`.
+pub(crate) const EVENT_COLUMNS: &str = "e.id, e.tenant, e.handler, e.payload, e.state, e.run_at, \
+     e.attempt, e.max_attempts, e.lease_token, e.lease_expires_at, e.last_error, \
+     e.idempotency_key, e.created_at, e.updated_at";
+
+/// How many columns [`EVENT_COLUMNS`] has.
+pub(crate) const EVENT_COLUMN_COUNT: usize = 14;
+
+/// What went wrong inside the store, before it becomes a [`StoreError`].
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DbError {
+    /// A statement failed; `op` names the store operation.
+    #[error("{op}: {source}")]
+    Sql {
+        op: &'static str,
+        #[source]
+        source: sqlx::Error,
+    },
+    /// Anything else, already in herald's terms.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl DbError {
+    /// A deadlock victim or a serialization failure: the statement did
+    /// nothing and may simply run again.
+    pub(crate) fn transient(&self) -> bool {
+        match self {
+            DbError::Sql {
+                source: sqlx::Error::Database(e),
+                ..
+            } => matches!(e.code().as_deref(), Some("40P01" | "40001")),
+            _ => false,
+        }
+    }
+}
+
+impl From<DbError> for StoreError {
+    fn from(e: DbError) -> Self {
+        match e {
+            DbError::Store(e) => e,
+            sql => StoreError::Backend(sql.to_string()),
+        }
+    }
+}
+
+/// `.ctx("op")` on sqlx results.
+pub(crate) trait Ctx<T> {
+    fn ctx(self, op: &'static str) -> Result<T, DbError>;
+}
+
+impl<T> Ctx<T> for Result<T, sqlx::Error> {
+    fn ctx(self, op: &'static str) -> Result<T, DbError> {
+        self.map_err(|source| DbError::Sql { op, source })
+    }
+}
+
+pub(crate) fn state_code(s: EventState) -> i16 {
+    match s {
+        EventState::Pending => 0,
+        EventState::Dead => 1,
+        EventState::Done => 2,
+    }
+}
+
+fn bad(index: usize, what: String) -> sqlx::Error {
+    sqlx::Error::ColumnDecode {
+        index: index.to_string(),
+        source: what.into(),
+    }
+}
+
+pub(crate) fn state_from(index: usize, v: i16) -> Result<EventState, sqlx::Error> {
+    match v {
+        0 => Ok(EventState::Pending),
+        1 => Ok(EventState::Dead),
+        2 => Ok(EventState::Done),
+        other => Err(bad(index, format!("unknown event state {other}"))),
+    }
+}
+
+fn u32_at(row: &PgRow, index: usize) -> Result<u32, sqlx::Error> {
+    let v: i32 = row.try_get(index)?;
+    u32::try_from(v).map_err(|_| bad(index, format!("{v} is out of range")))
+}
+
+/// Reads [`EVENT_COLUMNS`] starting at column `at`. `None` when the id is
+/// NULL (the empty side of an outer join).
+pub(crate) fn event(row: &PgRow, at: usize) -> Result<Option<Event>, sqlx::Error> {
+    let Some(id) = row.try_get::<Option<Uuid>, _>(at)? else {
+        return Ok(None);
+    };
+    let token: Option<Uuid> = row.try_get(at + 8)?;
+    let expires: Option<i64> = row.try_get(at + 9)?;
+    let lease = match (token, expires) {
+        (Some(t), Some(until)) => Some(Lease {
+            token: LeaseToken(t),
+            expires_at: Millis(until),
+        }),
+        (None, None) => None,
+        _ => {
+            return Err(bad(
+                at + 8,
+                "lease_token and lease_expires_at must both be set or both NULL".into(),
+            ))
+        }
+    };
+    Ok(Some(Event {
+        id: EventId(id),
+        tenant: row.try_get(at + 1)?,
+        handler: row.try_get(at + 2)?,
+        payload: row.try_get(at + 3)?,
+        state: state_from(at + 4, row.try_get(at + 4)?)?,
+        run_at: Millis(row.try_get(at + 5)?),
+        attempt: u32_at(row, at + 6)?,
+        max_attempts: u32_at(row, at + 7)?,
+        lease,
+        last_error: row.try_get(at + 10)?,
+        idempotency_key: row.try_get(at + 11)?,
+        created_at: Millis(row.try_get(at + 12)?),
+        updated_at: Millis(row.try_get(at + 13)?),
+    }))
+}
+
+/// Reads an event that must be there.
+pub(crate) fn event_row(row: &PgRow) -> Result<Event, sqlx::Error> {
+    event(row, 0)?.ok_or_else(|| bad(0, "the event id is NULL".into()))
+}

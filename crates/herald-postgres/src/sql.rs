@@ -1,0 +1,365 @@
+//! The statements, as text for one schema. Templates name the schema `{s}`,
+//! the database's clock `{now}` and the event columns `{cols}`; [`Sql::new`]
+//! fills them in once per store.
+//!
+//! docs/postgres.md shows the plan of each hot and sweep statement on a
+//! million stored events (`bench/pg-explain.sh` prints them).
+
+use crate::rows::EVENT_COLUMNS;
+
+/// The database's clock in milliseconds since the Unix epoch: the start of
+/// the current transaction (for a single statement, the statement's start).
+/// `date_part` (a double) rather than `extract` (a numeric) since it is
+/// cheaper and exact to the microsecond for this century.
+pub(crate) const NOW_EXPR: &str = "floor(date_part('epoch', now()) * 1000)::bigint";
+
+/// The happy path in one statement: for each id, take the lease if the event
+/// is pending, due, unleased or expired (by the database's clock), has
+/// attempts left, has a handler in `$4`, and no rule matches. Changes only
+/// columns that no index covers, so it is a HOT update when the page has
+/// room. `$1` token, `$2` lease in ms, `$3` ids, `$4` handlers.
+const CLAIM: &str = "UPDATE {s}.events AS e \
+     SET attempt = e.attempt + 1, lease_token = $1, lease_expires_at = {now} + $2, \
+         updated_at = {now} \
+     WHERE e.id = ANY($3) \
+       AND e.state = 0 \
+       AND e.run_at <= {now} \
+       AND (e.lease_expires_at IS NULL OR e.lease_expires_at <= {now}) \
+       AND e.attempt < e.max_attempts \
+       AND e.handler = ANY($4) \
+       AND NOT EXISTS (SELECT 1 FROM {s}.rules AS r \
+                       WHERE r.tenant = e.tenant AND r.handler = e.handler) \
+     RETURNING {cols}";
+
+/// Events by id with their rules, and the clock (one row with a NULL event
+/// when none is found). `$1` ids.
+const INSPECT: &str = "SELECT c.now, {cols}, \
+       EXISTS (SELECT 1 FROM {s}.rules AS r WHERE r.tenant = e.tenant \
+               AND r.handler = e.handler AND r.kind = 'block'), \
+       EXISTS (SELECT 1 FROM {s}.rules AS r WHERE r.tenant = e.tenant \
+               AND r.handler = e.handler AND r.kind = 'pause') \
+     FROM (SELECT {nowexpr} AS now) AS c \
+     LEFT JOIN {s}.events AS e ON e.id = ANY($1)";
+
+/// The settle statements share their fence: the event is pending and its
+/// lease token is the one given (`IS NOT DISTINCT FROM`, so NULL fences on
+/// "no lease"). Each returns the batch positions (`ord`) whose fence held.
+/// `$1` ids, `$2` tokens, `$3` positions.
+const SETTLE_DELETE: &str = "DELETE FROM {s}.events AS e \
+     USING unnest($1::uuid[], $2::uuid[], $3::int4[]) AS s(id, token, ord) \
+     WHERE e.id = s.id AND e.lease_token IS NOT DISTINCT FROM s.token AND e.state = 0 \
+     RETURNING s.ord";
+
+const SETTLE_ARCHIVE: &str = "UPDATE {s}.events AS e \
+     SET state = 2, finished_at = {now}, updated_at = {now}, \
+         lease_token = NULL, lease_expires_at = NULL \
+     FROM unnest($1::uuid[], $2::uuid[], $3::int4[]) AS s(id, token, ord) \
+     WHERE e.id = s.id AND e.lease_token IS NOT DISTINCT FROM s.token AND e.state = 0 \
+     RETURNING s.ord";
+
+/// `$4` wait in ms, `$5` 1 to give the attempt back, `$6` error (NULL keeps
+/// the last one).
+const SETTLE_RELEASE: &str = "UPDATE {s}.events AS e \
+     SET lease_token = NULL, lease_expires_at = NULL, \
+         run_at = {now} + s.wait, notified_at = {now} + s.wait, \
+         attempt = greatest(e.attempt - s.give_back, 0), \
+         last_error = coalesce(s.error, e.last_error), updated_at = {now} \
+     FROM unnest($1::uuid[], $2::uuid[], $3::int4[], $4::int8[], $5::int4[], $6::text[]) \
+          AS s(id, token, ord, wait, give_back, error) \
+     WHERE e.id = s.id AND e.lease_token IS NOT DISTINCT FROM s.token AND e.state = 0 \
+     RETURNING s.ord";
+
+/// `$4` error.
+const SETTLE_BURY: &str = "UPDATE {s}.events AS e \
+     SET state = 1, finished_at = {now}, updated_at = {now}, last_error = s.error, \
+         lease_token = NULL, lease_expires_at = NULL \
+     FROM unnest($1::uuid[], $2::uuid[], $3::int4[], $4::text[]) AS s(id, token, ord, error) \
+     WHERE e.id = s.id AND e.lease_token IS NOT DISTINCT FROM s.token AND e.state = 0 \
+     RETURNING s.ord";
+
+/// Extends held leases. `$1` lease in ms, `$2` ids, `$3` tokens, `$4`
+/// positions. Another HOT update.
+const RENEW: &str = "UPDATE {s}.events AS e \
+     SET lease_expires_at = {now} + $1 \
+     FROM unnest($2::uuid[], $3::uuid[], $4::int4[]) AS s(id, token, ord) \
+     WHERE e.id = s.id AND e.lease_token = s.token AND e.state = 0 \
+     RETURNING s.ord";
+
+/// New events; conflicts (an id already stored, or a live event with the
+/// same idempotency key) insert nothing. `notified_at` is `run_at` (the
+/// caller publishes with that delay), kept below the parked mark.
+const EMIT: &str = "INSERT INTO {s}.events AS e \
+       (id, tenant, handler, payload, run_at, max_attempts, notified_at, idempotency_key, \
+        created_at, updated_at) \
+     SELECT u.id, u.tenant, u.handler, u.payload, u.run_at, u.max_attempts, \
+            least(u.run_at, 9223372036854775806), u.key, c.now, c.now \
+     FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int4[], \
+                 $7::text[]) AS u(id, tenant, handler, payload, run_at, max_attempts, key), \
+          (SELECT {nowexpr} AS now) AS c \
+     ON CONFLICT DO NOTHING \
+     RETURNING e.id";
+
+/// The live events holding idempotency keys. `$4` positions.
+const EXISTING_KEYS: &str = "SELECT k.ord, e.id \
+     FROM unnest($1::text[], $2::text[], $3::text[], $4::int4[]) AS k(tenant, handler, key, ord) \
+     JOIN {s}.events AS e ON e.tenant = k.tenant AND e.handler = k.handler \
+      AND e.idempotency_key = k.key AND e.state = 0";
+
+const EXISTING_IDS: &str = "SELECT id FROM {s}.events WHERE id = ANY($1)";
+
+/// One page of a handler's pending events, stamped notified: `$1` tenant,
+/// `$2` handler, `$3` page size, `$4` the cursor (the `_AFTER` form).
+const RENOTIFY: &str = "UPDATE {s}.events AS e SET notified_at = greatest(e.run_at, {now}) \
+     FROM (SELECT id FROM {s}.events WHERE tenant = $1 AND handler = $2 AND state = 0 \
+           ORDER BY id LIMIT $3) AS p \
+     WHERE e.id = p.id AND e.state = 0 \
+     RETURNING e.id, e.run_at, {now}";
+
+const RENOTIFY_AFTER: &str = "UPDATE {s}.events AS e SET notified_at = greatest(e.run_at, {now}) \
+     FROM (SELECT id FROM {s}.events WHERE tenant = $1 AND handler = $2 AND state = 0 \
+             AND id > $4 ORDER BY id LIMIT $3) AS p \
+     WHERE e.id = p.id AND e.state = 0 \
+     RETURNING e.id, e.run_at, {now}";
+
+/// The sweep's dead-worker source: pending, due events whose lease expired
+/// after their last notification. It walks `events_to_notify` over the
+/// pass's quiet window only, `cutoff <= notified_at < now`: an event
+/// notified before the cutoff is the quiet source's. (No index on the lease
+/// columns: see docs/postgres.md.) `$1` now, `$2` the cutoff, `$3`/`$4`
+/// the cursor, `$5` the chunk size. The cursor starts at the cutoff too
+/// (just below it): the index scan starts at whichever lower bound the
+/// btree picks, and the row comparison alone would make it the index's
+/// start.
+const SWEEP_EXPIRED: &str = "SELECT e.id, e.tenant, e.handler, \
+       EXISTS (SELECT 1 FROM {s}.rules AS r WHERE r.tenant = e.tenant AND r.handler = e.handler), \
+       e.notified_at \
+     FROM {s}.events AS e \
+     WHERE e.state = 0 AND e.notified_at < 9223372036854775807 \
+       AND e.notified_at >= $2 AND e.notified_at < $1 \
+       AND (e.notified_at, e.id) > ($3, $4) \
+       AND e.lease_expires_at <= $1 AND e.notified_at < e.lease_expires_at \
+       AND e.run_at <= $1 \
+     ORDER BY e.notified_at, e.id LIMIT $5";
+
+/// The sweep's quiet source: pending, due events not notified since the
+/// cutoff, without a live lease. Same parameters.
+const SWEEP_QUIET: &str = "SELECT e.id, e.tenant, e.handler, \
+       EXISTS (SELECT 1 FROM {s}.rules AS r WHERE r.tenant = e.tenant AND r.handler = e.handler), \
+       e.notified_at \
+     FROM {s}.events AS e \
+     WHERE e.state = 0 AND e.notified_at < 9223372036854775807 \
+       AND e.notified_at < $2 \
+       AND (e.notified_at, e.id) > ($3, $4) \
+       AND e.run_at <= $1 AND (e.lease_expires_at IS NULL OR e.lease_expires_at <= $1) \
+     ORDER BY e.notified_at, e.id LIMIT $5";
+
+/// Stamps returned events notified: `$1` now, `$2` ids.
+const STAMP: &str = "UPDATE {s}.events SET notified_at = $1 WHERE id = ANY($2) AND state = 0";
+
+/// Parks events held by a rule: `$1` ids.
+const PARK: &str =
+    "UPDATE {s}.events SET notified_at = 9223372036854775807 WHERE id = ANY($1) AND state = 0";
+
+const NOTE_PARKED: &str = "INSERT INTO {s}.parked (tenant, handler) \
+     SELECT DISTINCT t, h FROM unnest($1::text[], $2::text[]) AS p(t, h) \
+     ON CONFLICT DO NOTHING";
+
+const ORPHANS: &str = "SELECT p.tenant, p.handler FROM {s}.parked AS p \
+     WHERE NOT EXISTS (SELECT 1 FROM {s}.rules AS r \
+                       WHERE r.tenant = p.tenant AND r.handler = p.handler)";
+
+/// Un-parks up to `$3` parked events of one handler, found through
+/// `events_parked` in id order and updated by primary key: `notified_at =
+/// run_at`, so the quiet source returns them.
+const UNPARK: &str = "UPDATE {s}.events SET notified_at = least(run_at, 9223372036854775806) \
+     WHERE id = ANY(ARRAY(SELECT id FROM {s}.events WHERE tenant = $1 AND handler = $2 \
+                          AND state = 0 AND notified_at = 9223372036854775807 \
+                          ORDER BY id LIMIT $3)) \
+       AND state = 0";
+
+const FORGET_PARKED: &str = "DELETE FROM {s}.parked WHERE tenant = $1 AND handler = $2";
+
+const LEAD: &str = "INSERT INTO {s}.leaders AS l (role, holder, expires_at) \
+     VALUES ($1, $2, {now} + $3) \
+     ON CONFLICT (role) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at \
+     WHERE l.holder = excluded.holder OR l.expires_at <= {now}";
+
+const RESIGN: &str = "DELETE FROM {s}.leaders WHERE role = $1 AND holder = $2";
+
+/// Old dead or done events through `events_finished`: `$1` state, `$2`
+/// finished before, `$3` limit.
+const PURGE: &str = "DELETE FROM {s}.events WHERE id IN (SELECT id FROM {s}.events \
+     WHERE state = $1 AND finished_at < $2 LIMIT $3)";
+
+const GET: &str = "SELECT {cols} FROM {s}.events AS e WHERE e.id = $1";
+
+const COUNTS: &str = "SELECT tenant, handler, state, count(*) FROM {s}.events \
+     GROUP BY tenant, handler, state ORDER BY tenant, handler, state";
+
+const REVIVE_CLASH: &str = "SELECT live.id FROM {s}.events AS dead JOIN {s}.events AS live \
+       ON live.tenant = dead.tenant AND live.handler = dead.handler \
+      AND live.idempotency_key = dead.idempotency_key AND live.state = 0 \
+     WHERE dead.id = $1 AND dead.state = 1";
+
+const REVIVE: &str = "UPDATE {s}.events SET state = 0, attempt = 0, run_at = {now}, \
+       notified_at = {now}, lease_token = NULL, lease_expires_at = NULL, finished_at = NULL, \
+       updated_at = {now} \
+     WHERE id = $1 AND state = 1 RETURNING tenant";
+
+/// Deletes an event that is not running (no live lease by the database's clock).
+const DELETE: &str = "DELETE FROM {s}.events WHERE id = $1 \
+     AND NOT (state = 0 AND lease_expires_at IS NOT NULL AND lease_expires_at > {now})";
+
+const ADD_RULE: &str = "INSERT INTO {s}.rules (tenant, handler, kind, created_at) \
+     VALUES ($1, $2, $3, {now}) ON CONFLICT DO NOTHING";
+
+const REMOVE_RULE: &str = "DELETE FROM {s}.rules WHERE tenant = $1 AND handler = $2 AND kind = $3";
+
+const RULES_FOR: &str = "SELECT kind FROM {s}.rules WHERE tenant = $1 AND handler = $2";
+
+const RULES: &str = "SELECT tenant, handler, kind FROM {s}.rules ORDER BY tenant, handler, kind";
+
+const NOW: &str = "SELECT {nowexpr}";
+
+/// Every statement, for one schema.
+#[derive(Debug)]
+pub(crate) struct Sql {
+    pub(crate) schema: String,
+    pub(crate) claim: String,
+    pub(crate) inspect: String,
+    /// By [`crate::kind`]: delete, archive, release, bury.
+    pub(crate) settle: [String; 4],
+    pub(crate) renew: String,
+    pub(crate) emit: String,
+    pub(crate) existing_keys: String,
+    pub(crate) existing_ids: String,
+    pub(crate) renotify: String,
+    pub(crate) renotify_after: String,
+    pub(crate) sweep_expired: String,
+    pub(crate) sweep_quiet: String,
+    pub(crate) stamp: String,
+    pub(crate) park: String,
+    pub(crate) note_parked: String,
+    pub(crate) orphans: String,
+    pub(crate) unpark: String,
+    pub(crate) forget_parked: String,
+    pub(crate) lead: String,
+    pub(crate) resign: String,
+    pub(crate) purge: String,
+    pub(crate) get: String,
+    pub(crate) counts: String,
+    pub(crate) revive_clash: String,
+    pub(crate) revive: String,
+    pub(crate) delete: String,
+    pub(crate) add_rule: String,
+    pub(crate) remove_rule: String,
+    pub(crate) rules_for: String,
+    pub(crate) rules: String,
+    pub(crate) now: String,
+}
+
+impl Sql {
+    /// The statements for the schema whose quoted name is `quoted`.
+    pub(crate) fn new(quoted: &str) -> Sql {
+        let f = |t: &str| fill(t, quoted);
+        Sql {
+            schema: quoted.to_string(),
+            claim: f(CLAIM),
+            inspect: f(INSPECT),
+            settle: [
+                f(SETTLE_DELETE),
+                f(SETTLE_ARCHIVE),
+                f(SETTLE_RELEASE),
+                f(SETTLE_BURY),
+            ],
+            renew: f(RENEW),
+            emit: f(EMIT),
+            existing_keys: f(EXISTING_KEYS),
+            existing_ids: f(EXISTING_IDS),
+            renotify: f(RENOTIFY),
+            renotify_after: f(RENOTIFY_AFTER),
+            sweep_expired: f(SWEEP_EXPIRED),
+            sweep_quiet: f(SWEEP_QUIET),
+            stamp: f(STAMP),
+            park: f(PARK),
+            note_parked: f(NOTE_PARKED),
+            orphans: f(ORPHANS),
+            unpark: f(UNPARK),
+            forget_parked: f(FORGET_PARKED),
+            lead: f(LEAD),
+            resign: f(RESIGN),
+            purge: f(PURGE),
+            get: f(GET),
+            counts: f(COUNTS),
+            revive_clash: f(REVIVE_CLASH),
+            revive: f(REVIVE),
+            delete: f(DELETE),
+            add_rule: f(ADD_RULE),
+            remove_rule: f(REMOVE_RULE),
+            rules_for: f(RULES_FOR),
+            rules: f(RULES),
+            now: f(NOW),
+        }
+    }
+
+    /// The statements by name, for [`crate::PgStore::statements`].
+    pub(crate) fn named(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("claim", self.claim.clone()),
+            ("inspect", self.inspect.clone()),
+            ("settle_delete", self.settle[0].clone()),
+            ("settle_archive", self.settle[1].clone()),
+            ("settle_release", self.settle[2].clone()),
+            ("settle_bury", self.settle[3].clone()),
+            ("renew", self.renew.clone()),
+            ("emit", self.emit.clone()),
+            ("existing_keys", self.existing_keys.clone()),
+            ("renotify", self.renotify.clone()),
+            ("renotify_after", self.renotify_after.clone()),
+            ("sweep_expired", self.sweep_expired.clone()),
+            ("sweep_quiet", self.sweep_quiet.clone()),
+            ("sweep_stamp", self.stamp.clone()),
+            ("sweep_park", self.park.clone()),
+            ("sweep_orphans", self.orphans.clone()),
+            ("sweep_unpark", self.unpark.clone()),
+            ("lead", self.lead.clone()),
+            ("purge", self.purge.clone()),
+            ("get", self.get.clone()),
+            ("delete", self.delete.clone()),
+        ]
+    }
+
+    /// Fills in a template for this schema (for statements built at run
+    /// time, such as listings).
+    pub(crate) fn fill(&self, template: &str) -> String {
+        fill(template, &self.schema)
+    }
+}
+
+fn fill(template: &str, quoted: &str) -> String {
+    template
+        .replace("{s}", quoted)
+        .replace("{cols}", EVENT_COLUMNS)
+        .replace("{nowexpr}", NOW_EXPR)
+        .replace("{now}", &format!("(SELECT {NOW_EXPR})"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_are_filled() {
+        let sql = Sql::new("\"x\"");
+        for s in [
+            &sql.claim,
+            &sql.inspect,
+            &sql.settle[2],
+            &sql.sweep_quiet,
+            &sql.lead,
+        ] {
+            assert!(!s.contains('{'), "{s}");
+            assert!(s.contains("\"x\"."), "{s}");
+        }
+    }
+}
