@@ -3,6 +3,7 @@
 
 mod demo;
 mod migrate;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -21,6 +22,9 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Create or upgrade herald's tables in a store (PostgreSQL or SQLite).
     Migrate(migrate::MigrateArgs),
+    /// Run workers, the HTTP API and /metrics, from herald.toml, HERALD_…
+    /// variables and flags; with none, on ./herald.db and the in-process queue.
+    Serve(serve::ServeArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -29,6 +33,7 @@ fn main() -> std::process::ExitCode {
     let default_level = match cli.command {
         Command::Demo(_) => "error",
         Command::Migrate(_) => "warn",
+        Command::Serve(_) => "info",
     };
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -36,6 +41,7 @@ fn main() -> std::process::ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
@@ -48,6 +54,7 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             Command::Demo(args) => demo::run(args).await.map_err(|e| e.to_string()),
             Command::Migrate(args) => migrate::run(args).await.map_err(|e| e.to_string()),
+            Command::Serve(args) => serve::run(args).await.map_err(|e| e.to_string()),
         }
     });
     match result {

@@ -225,6 +225,7 @@ impl Client {
     /// after the transaction that stored them committed. A failure is
     /// logged, not returned: the reconciler notifies what this could not.
     pub async fn notify_emitted(&self, events: &[NewEvent], emitted: &[Emitted]) {
+        count_emitted(events, emitted);
         let now = Millis::now();
         let publish: Vec<Publish> = events
             .iter()
@@ -409,6 +410,25 @@ fn publishes(page: Vec<Scheduled>) -> Vec<Publish> {
             delay: s.delay,
         })
         .collect()
+}
+
+/// Adds the newly created events to `herald_events_emitted_total`, one
+/// increment per handler name of the batch.
+fn count_emitted(events: &[NewEvent], emitted: &[Emitted]) {
+    let mut per_handler: Vec<(&str, u64)> = Vec::new();
+    for (ev, e) in events.iter().zip(emitted) {
+        if !matches!(e, Emitted::Created(_)) {
+            continue;
+        }
+        match per_handler.iter_mut().find(|(h, _)| *h == ev.handler) {
+            Some((_, n)) => *n += 1,
+            None => per_handler.push((&ev.handler, 1)),
+        }
+    }
+    for (handler, n) in per_handler {
+        metrics::counter!("herald_events_emitted_total", "handler" => handler.to_string())
+            .increment(n);
+    }
 }
 
 fn to_json<T: Serialize>(value: &T) -> Result<String, ClientError> {

@@ -42,6 +42,7 @@ async fn beat(shared: &Shared) {
                     let Some(run) = runs.get_mut(l) else { continue };
                     if ok {
                         run.renewed_at = now;
+                        run.instruments.renewals.increment(1);
                         tags.push(run.tag.clone());
                     } else {
                         lose(l, run);
@@ -75,6 +76,7 @@ fn lose(lease: &LeaseRef, run: &super::RunEntry) {
         return;
     }
     if !run.lost.swap(true, Ordering::AcqRel) {
+        run.instruments.losses.increment(1);
         tracing::warn!(event = %lease.id, "lease lost: cancelling the handler");
         run.cancel.cancel();
     }

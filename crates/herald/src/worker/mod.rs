@@ -10,6 +10,25 @@
 //!   cancels runs whose lease was lost (`heartbeat.rs`);
 //! - `reconcile`, when elected, re-notifies what the queue lost and purges
 //!   expired dead events (`reconcile.rs`).
+//!
+//! Telemetry: the runtime reports through the [`metrics`] facade (a no-op
+//! until the application installs a recorder), per handler name:
+//!
+//! | metric | kind | what |
+//! |---|---|---|
+//! | `herald_events_emitted_total` | counter | events stored as new by a [`crate::Client`] |
+//! | `herald_events_done_total` | counter | runs that finished done (settled) |
+//! | `herald_events_failed_total` | counter | failed attempts (retried, or moved to dead) |
+//! | `herald_events_dead_total` | counter | runs that moved their event to dead |
+//! | `herald_runs_in_flight` | gauge | handlers running now |
+//! | `herald_lease_renewals_total` | counter | lease renewals that succeeded |
+//! | `herald_lease_losses_total` | counter | leases lost while running |
+//! | `herald_emit_to_start_seconds` | histogram | run start minus the event's `run_at` |
+//! | `herald_handler_duration_seconds` | histogram | how long handlers ran |
+//!
+//! A worker registers its handles when it starts: install the recorder
+//! before [`WorkerBuilder::start`]. A [`RunObserver`] sees the same events
+//! as plain calls, for live statistics kept in the application.
 
 mod admission;
 mod heartbeat;
@@ -37,9 +56,74 @@ use crate::retry::RetryPolicy;
 use crate::store::{LeaseRef, Store};
 use crate::{Context, Job};
 
+use metrics::{Counter, Gauge, Histogram};
+
 pub use stats::WorkerStats;
 
 use settle::Ended;
+
+/// How a run's end was written to the store, as told to a [`RunObserver`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunSettled {
+    /// The handler finished: the event was deleted or archived.
+    Done,
+    /// The attempt failed and the event will run again.
+    Retried,
+    /// The attempt failed and the event moved to dead.
+    Dead,
+    /// The handler snoozed; the attempt was given back.
+    Snoozed,
+    /// Shutdown cancelled the run; the event was released to run again.
+    Cancelled,
+}
+
+/// Told about every run of a worker as it starts and as its end is written,
+/// for statistics kept in the application (the `herald serve` stats
+/// endpoint). Calls come from the worker's tasks: keep them short and
+/// never block.
+pub trait RunObserver: Send + Sync + 'static {
+    /// A run of `handler` started, `waited` after the event's `run_at`
+    /// (the emit-to-start latency; after a retry, the lateness against the
+    /// backoff's due time).
+    fn started(&self, handler: &str, waited: Duration) {
+        let _ = (handler, waited);
+    }
+
+    /// A run of `handler` ended and the store accepted what it wrote.
+    fn settled(&self, handler: &str, how: RunSettled) {
+        let _ = (handler, how);
+    }
+}
+
+/// One handler's metric handles, registered once when the worker starts.
+pub(crate) struct Instruments {
+    name: String,
+    done: Counter,
+    failed: Counter,
+    dead: Counter,
+    in_flight: Gauge,
+    renewals: Counter,
+    losses: Counter,
+    emit_to_start: Histogram,
+    duration: Histogram,
+}
+
+impl Instruments {
+    fn new(handler: &str) -> Self {
+        let label = || [("handler", handler.to_string())];
+        Instruments {
+            name: handler.to_string(),
+            done: metrics::counter!("herald_events_done_total", &label()),
+            failed: metrics::counter!("herald_events_failed_total", &label()),
+            dead: metrics::counter!("herald_events_dead_total", &label()),
+            in_flight: metrics::gauge!("herald_runs_in_flight", &label()),
+            renewals: metrics::counter!("herald_lease_renewals_total", &label()),
+            losses: metrics::counter!("herald_lease_losses_total", &label()),
+            emit_to_start: metrics::histogram!("herald_emit_to_start_seconds", &label()),
+            duration: metrics::histogram!("herald_handler_duration_seconds", &label()),
+        }
+    }
+}
 
 /// How a worker behaves. Every field has a documented default.
 #[derive(Clone, Debug)]
@@ -111,6 +195,7 @@ pub struct WorkerBuilder {
     queue: Arc<dyn Queue>,
     handlers: HashMap<String, Arc<dyn Handler>>,
     config: WorkerConfig,
+    observer: Option<Arc<dyn RunObserver>>,
 }
 
 impl WorkerBuilder {
@@ -132,6 +217,12 @@ impl WorkerBuilder {
     {
         self.handlers
             .insert(name.into(), Arc::new(FnHandler::new(f)));
+        self
+    }
+
+    /// Tells `observer` about every run's start and end (see [`RunObserver`]).
+    pub fn observer(mut self, observer: Arc<dyn RunObserver>) -> Self {
+        self.observer = Some(observer);
         self
     }
 
@@ -171,7 +262,8 @@ impl WorkerBuilder {
         self
     }
 
-    /// Starts the worker's tasks on the current tokio runtime.
+    /// Starts the worker's tasks on the current tokio runtime. Its metric
+    /// handles are registered now: install a `metrics` recorder before.
     pub fn start(self) -> Worker {
         let mut config = self.config;
         config.concurrency = config.concurrency.max(1);
@@ -184,12 +276,18 @@ impl WorkerBuilder {
         config.policy.keep_done = config.done_retention.is_some();
         let mut names: Vec<String> = self.handlers.keys().cloned().collect();
         names.sort();
+        let instruments = names
+            .iter()
+            .map(|n| (n.clone(), Arc::new(Instruments::new(n))))
+            .collect();
         let (settle_tx, settle_rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             store: self.store,
             queue: self.queue,
             handlers: self.handlers,
             handler_names: names,
+            instruments,
+            observer: self.observer,
             slots: Arc::new(Semaphore::new(config.concurrency)),
             runs: Mutex::new(HashMap::new()),
             stats: WorkerStats::default(),
@@ -263,6 +361,7 @@ impl Worker {
             queue,
             handlers: HashMap::new(),
             config: WorkerConfig::default(),
+            observer: None,
         }
     }
 
@@ -338,6 +437,8 @@ pub(crate) struct RunEntry {
     ended: Arc<AtomicBool>,
     /// When the store last confirmed the lease (local clock).
     renewed_at: Millis,
+    /// The handler's metric handles.
+    instruments: Arc<Instruments>,
 }
 
 /// State shared by a worker's tasks.
@@ -346,6 +447,9 @@ pub(crate) struct Shared {
     queue: Arc<dyn Queue>,
     handlers: HashMap<String, Arc<dyn Handler>>,
     handler_names: Vec<String>,
+    /// Metric handles per handler name.
+    instruments: HashMap<String, Arc<Instruments>>,
+    observer: Option<Arc<dyn RunObserver>>,
     slots: Arc<Semaphore>,
     runs: Mutex<HashMap<LeaseRef, RunEntry>>,
     stats: WorkerStats,
@@ -359,5 +463,14 @@ pub(crate) struct Shared {
 impl Shared {
     fn jitter() -> f64 {
         rand::random::<f64>()
+    }
+
+    /// The metric handles of `handler` (registered at start; made on the
+    /// spot for a name the worker does not have, which the claim excludes).
+    fn instruments(&self, handler: &str) -> Arc<Instruments> {
+        match self.instruments.get(handler) {
+            Some(i) => i.clone(),
+            None => Arc::new(Instruments::new(handler)),
+        }
     }
 }

@@ -3,7 +3,7 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::FutureExt;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
@@ -33,6 +33,13 @@ pub(super) fn start(
         id: event.id,
         token,
     };
+    let instruments = shared.instruments(&event.handler);
+    let waited = since(event.run_at);
+    instruments.emit_to_start.record(waited.as_secs_f64());
+    instruments.in_flight.increment(1.0);
+    if let Some(observer) = &shared.observer {
+        observer.started(&event.handler, waited);
+    }
     shared.runs.lock().expect("runs lock").insert(
         lease,
         RunEntry {
@@ -41,6 +48,7 @@ pub(super) fn start(
             lost: lost.clone(),
             ended: ended.clone(),
             renewed_at: Millis::now(),
+            instruments: instruments.clone(),
         },
     );
     WorkerStats::add(&shared.stats.claimed, 1);
@@ -73,6 +81,7 @@ pub(super) fn start(
                         Outcome::retry(format!("handler panicked: {}", panic_message(&*panic)))
                     })),
                 };
+                instruments.duration.record(started.elapsed().as_secs_f64());
                 match returned {
                     _ if lost.load(Ordering::Acquire) => RunEnd::LeaseLost,
                     Some(outcome) => RunEnd::Returned(outcome),
@@ -81,6 +90,7 @@ pub(super) fn start(
             }
         };
         ended.store(true, Ordering::Release);
+        instruments.in_flight.decrement(1.0);
         drop(slot);
         tracing::debug!(event = %event.id, handler = %event.handler, attempt = event.attempt, ?end, elapsed = ?started.elapsed(), "run ended");
         // The settler outlives every run (shutdown waits for runs first).
@@ -89,8 +99,20 @@ pub(super) fn start(
             tag,
             claimed,
             end,
+            instruments,
         });
     });
+}
+
+/// How long ago `run_at` was, by the local wall clock, to the microsecond
+/// (`run_at` itself has millisecond precision); zero if it is in the future.
+fn since(run_at: Millis) -> Duration {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_micros() as i128;
+    let micros = now - i128::from(run_at.0) * 1000;
+    Duration::from_micros(u64::try_from(micros.max(0)).unwrap_or(u64::MAX))
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {

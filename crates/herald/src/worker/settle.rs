@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 use super::admission::Answers;
-use super::{Shared, WorkerStats};
+use super::{Instruments, RunSettled, Shared, WorkerStats};
 use crate::decision::{self, Claimed, RunEnd, Settlement};
 use crate::queue::DeliveryTag;
 use crate::store::{Finish, LeaseRef, Settle};
@@ -17,6 +17,8 @@ pub(crate) struct Ended {
     pub(super) tag: DeliveryTag,
     pub(super) claimed: Claimed,
     pub(super) end: RunEnd,
+    /// The handler's metric handles.
+    pub(super) instruments: Arc<Instruments>,
 }
 
 /// Most runs settled in one store call.
@@ -51,6 +53,31 @@ fn write_for(settlement: &Settlement) -> Option<Finish> {
         },
         Settlement::Leave => return None,
     })
+}
+
+/// Reports a settlement the store accepted to the metrics and the observer.
+fn report(shared: &Shared, e: &Ended, settlement: &Settlement) {
+    let how = match (&e.end, settlement) {
+        (RunEnd::Cancelled, _) => RunSettled::Cancelled,
+        (_, Settlement::Delete | Settlement::Archive) => RunSettled::Done,
+        (_, Settlement::Retry { .. }) => RunSettled::Retried,
+        (_, Settlement::Dead { .. }) => RunSettled::Dead,
+        (_, Settlement::Snooze { .. }) => RunSettled::Snoozed,
+        (_, Settlement::Leave) => return,
+    };
+    let i = &e.instruments;
+    match how {
+        RunSettled::Done => i.done.increment(1),
+        RunSettled::Retried => i.failed.increment(1),
+        RunSettled::Dead => {
+            i.failed.increment(1);
+            i.dead.increment(1);
+        }
+        RunSettled::Snoozed | RunSettled::Cancelled => {}
+    }
+    if let Some(observer) = &shared.observer {
+        observer.settled(&i.name, how);
+    }
 }
 
 fn count(stats: &WorkerStats, end: &RunEnd, settlement: &Settlement) {
@@ -91,6 +118,7 @@ async fn settle_batch(shared: &Shared, batch: Vec<Ended>) {
                 for ((w, (e, settlement)), ok) in writes.iter().zip(replies).zip(held) {
                     if ok {
                         count(&shared.stats, &e.end, &settlement);
+                        report(shared, e, &settlement);
                         if let Settlement::Dead { error } = &settlement {
                             tracing::warn!(event = %w.id, %error, "event is dead");
                         }

@@ -1,0 +1,281 @@
+//! `herald serve`: a worker, the HTTP API and `/metrics` in one process,
+//! configured by `herald.toml`, `HERALD_…` variables and flags; graceful
+//! shutdown on SIGTERM or SIGINT (a second signal cancels running handlers
+//! at once).
+
+mod api;
+mod auth;
+mod config;
+mod error;
+mod recent;
+mod telemetry;
+
+#[cfg(test)]
+mod api_tests;
+
+use std::future::IntoFuture;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use herald::{Client, Context, Handler, MemoryQueue, Queue, Store, StoreError, Worker};
+use herald_postgres::PgStore;
+use herald_sqlite::SqliteStore;
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio_util::sync::CancellationToken;
+
+pub use config::{ConfigError, ServeConfig, StoreLocation};
+
+/// Options of `herald serve`. Each flag overrides the config file and the
+/// environment.
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// The config file [default: ./herald.toml if it exists].
+    #[arg(long, env = "HERALD_CONFIG", value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// The store: `sqlite://PATH` (or a plain path) or `postgres://…`
+    /// [config: store; env: HERALD_STORE; default: sqlite://herald.db].
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
+    /// The PostgreSQL schema of herald's tables
+    /// [config: pg_schema; env: HERALD_PG_SCHEMA; default: herald].
+    #[arg(long, value_name = "NAME")]
+    schema: Option<String>,
+    /// The queue: `memory`, the in-process queue
+    /// [config: queue; env: HERALD_QUEUE; default: memory].
+    #[arg(long, value_name = "KIND")]
+    queue: Option<String>,
+    /// The HTTP API's address [config: listen; env: HERALD_LISTEN;
+    /// default: 127.0.0.1:7878]. Port 0 picks a free port (printed at start).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<String>,
+    /// Also run a handler of this name that does nothing and succeeds:
+    /// for benchmarks and smoke tests. Repeatable.
+    #[arg(long = "noop-handler", value_name = "NAME")]
+    noop_handlers: Vec<String>,
+}
+
+/// Errors of `herald serve`.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The configuration is refused.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The store could not be opened.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The metrics recorder could not be installed.
+    #[error(transparent)]
+    Telemetry(#[from] telemetry::TelemetryError),
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {reason}; pick another address or port with --listen")]
+    Listen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        reason: std::io::Error,
+    },
+    /// Signal handlers could not be installed.
+    #[error("cannot install signal handlers: {0}")]
+    Signals(std::io::Error),
+    /// The HTTP server stopped by itself.
+    #[error("the HTTP server failed: {0}")]
+    Http(String),
+}
+
+/// Handlers by name, as the worker registers them.
+pub type NamedHandlers = Vec<(String, Arc<dyn Handler>)>;
+
+/// The handlers of the `[handlers.NAME]` tables, built from each table as
+/// written. Every error names the table (`handlers.NAME`).
+///
+/// The handler kinds (webhook, command) live in the `handlers` module,
+/// which is not in this build yet: any configured handler is refused.
+pub fn build_handlers(config: &ServeConfig) -> Result<NamedHandlers, ConfigError> {
+    if let Some(name) = config.handlers.keys().next() {
+        return Err(ConfigError::invalid(
+            config.origin(),
+            format!("handlers.{name}"),
+            "handler kinds are not built into this binary yet",
+        ));
+    }
+    Ok(Vec::new())
+}
+
+/// Runs `herald serve` until SIGTERM or SIGINT.
+pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
+    let overrides = config::Overrides {
+        config: args.config,
+        store: args.store,
+        pg_schema: args.schema,
+        queue: args.queue,
+        listen: args.listen,
+    };
+    let config = config::load(&overrides, &|k| std::env::var(k).ok())?;
+    let mut handlers: Vec<(String, Option<Arc<dyn Handler>>)> = build_handlers(&config)?
+        .into_iter()
+        .map(|(n, h)| (n, Some(h)))
+        .collect();
+    for name in args.noop_handlers {
+        herald::client::check_name("handler", &name)
+            .map_err(|e| ConfigError::invalid("--noop-handler", "handler", e.to_string()))?;
+        if handlers.iter().any(|(n, _)| *n == name) {
+            return Err(ConfigError::invalid(
+                "--noop-handler",
+                format!("handlers.{name}"),
+                "is also configured; give the no-op handler another name",
+            )
+            .into());
+        }
+        handlers.push((name, None));
+    }
+    let names: Vec<String> = handlers.iter().map(|(n, _)| n.clone()).collect();
+
+    let metrics = telemetry::install()?;
+    let upkeep = telemetry::spawn_upkeep(metrics.clone());
+    let mut signals = Signals::new().map_err(ServeError::Signals)?;
+    let store = open_store(&config).await?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|reason| ServeError::Listen {
+            addr: config.listen,
+            reason,
+        })?;
+    let addr = listener.local_addr().map_err(|reason| ServeError::Listen {
+        addr: config.listen,
+        reason,
+    })?;
+
+    let queue = Arc::new(MemoryQueue::new(config.worker.lease));
+    let tracker = Arc::new(recent::Tracker::default());
+    let mut builder = Worker::builder(store.clone(), queue.clone())
+        .config(config.worker.clone())
+        .observer(tracker.clone());
+    for (name, handler) in handlers {
+        builder = match handler {
+            Some(h) => builder.raw_handler(name, h),
+            None => builder.handler(name, |_: serde::de::IgnoredAny, _cx: Context| async {}),
+        };
+    }
+    let worker = builder.start();
+
+    let tokens = auth::Tokens::new(&config.auth);
+    if tokens.is_open() {
+        tracing::warn!(%addr, "no API token is configured: anyone who can connect to this loopback address acts as the operator; set auth.operator_token_sha256 to require a token");
+    }
+    let state = Arc::new(api::AppState {
+        client: Client::new(store.clone(), queue.clone()).max_payload(config.max_payload_bytes),
+        tokens,
+        tracker,
+        metrics,
+        max_batch: config.max_batch,
+        max_request_bytes: config.max_request_bytes,
+        handlers: names.clone(),
+    });
+    let app = api::router(state);
+    let stop_http = CancellationToken::new();
+    let mut server = tokio::spawn(
+        axum::serve(listener, app)
+            .with_graceful_shutdown(stop_http.clone().cancelled_owned())
+            .into_future(),
+    );
+    // Tests and scripts read this line for the address (with port 0).
+    println!(
+        "herald serve: listening on http://{addr} (store {}, handlers: {})",
+        config.store,
+        if names.is_empty() {
+            "none".to_string()
+        } else {
+            names.join(", ")
+        }
+    );
+    tracing::info!(%addr, store = %config.store, handlers = ?names, "herald serve started");
+
+    let first = tokio::select! {
+        s = signals.next() => s,
+        r = &mut server => {
+            let reason = match r {
+                Ok(Ok(())) => "it stopped".to_string(),
+                Ok(Err(e)) => e.to_string(),
+                Err(e) => e.to_string(),
+            };
+            worker.shutdown(Duration::ZERO).await;
+            return Err(ServeError::Http(reason));
+        }
+    };
+    let grace = config.shutdown_grace;
+    tracing::info!(signal = first, ?grace, "shutting down: no new requests; waiting for running handlers (send the signal again to cancel them now)");
+    stop_http.cancel();
+    let cut_short = worker.shutdown_handle();
+    let shutdown = worker.shutdown(grace);
+    tokio::pin!(shutdown);
+    let report = tokio::select! {
+        r = &mut shutdown => r,
+        s = signals.next() => {
+            tracing::warn!(signal = s, "second signal: cancelling running handlers now");
+            cut_short.cancel_now();
+            shutdown.await
+        }
+    };
+    // Requests in progress had the grace period to finish as well.
+    if tokio::time::timeout(Duration::from_secs(5), &mut server)
+        .await
+        .is_err()
+    {
+        tracing::warn!("HTTP requests still open after shutdown; closing them");
+        server.abort();
+    }
+    queue.close().await;
+    upkeep.abort();
+    tracing::info!(
+        in_flight = report.in_flight,
+        cancelled = report.cancelled,
+        "herald serve stopped"
+    );
+    Ok(())
+}
+
+async fn open_store(config: &ServeConfig) -> Result<Arc<dyn Store>, StoreError> {
+    Ok(match &config.store {
+        StoreLocation::Sqlite(path) => {
+            let path = path.clone();
+            let store = tokio::task::spawn_blocking(move || SqliteStore::open(path))
+                .await
+                .map_err(|e| StoreError::Backend(e.to_string()))??;
+            Arc::new(store)
+        }
+        StoreLocation::Postgres(url) => {
+            let location = config.store.to_string();
+            let options: sqlx::postgres::PgConnectOptions =
+                url.parse().map_err(|e: sqlx::Error| StoreError::Open {
+                    location,
+                    reason: e.to_string(),
+                })?;
+            let pool =
+                sqlx::postgres::PgPoolOptions::new().acquire_timeout(Duration::from_secs(10));
+            Arc::new(PgStore::connect_with(pool, options, &config.pg_schema).await?)
+        }
+    })
+}
+
+/// SIGTERM and SIGINT.
+struct Signals {
+    term: Signal,
+    int: Signal,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Self> {
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
+}

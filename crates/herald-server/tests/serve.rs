@@ -1,0 +1,470 @@
+//! `herald serve` through the real binary: a random port, a temporary
+//! store, HTTP requests, `/v1/stats` and `/metrics`, and SIGTERM.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use herald_postgres::testing::{database_url, reachable, unreachable, TestSchema};
+use serde_json::{json, Value};
+
+/// The variables `herald serve` reads: a test must not inherit them.
+const HERALD_ENV: &[&str] = &[
+    "HERALD_CONFIG",
+    "HERALD_STORE",
+    "HERALD_PG_SCHEMA",
+    "HERALD_QUEUE",
+    "HERALD_LISTEN",
+    "HERALD_MAX_PAYLOAD_BYTES",
+    "HERALD_MAX_REQUEST_BYTES",
+    "HERALD_MAX_BATCH",
+    "HERALD_OPERATOR_TOKEN_SHA256",
+    "HERALD_WORKER_CONCURRENCY",
+    "HERALD_WORKER_BATCH",
+    "HERALD_WORKER_LEASE",
+    "HERALD_WORKER_SWEEP_EVERY",
+    "HERALD_WORKER_SWEEP_QUIET",
+    "HERALD_WORKER_DEAD_RETENTION",
+    "HERALD_WORKER_DONE_RETENTION",
+    "HERALD_WORKER_RECONCILE",
+    "HERALD_WORKER_NAME",
+    "HERALD_WORKER_SHUTDOWN_GRACE",
+    "HERALD_WORKER_RETRY_BASE",
+    "HERALD_WORKER_RETRY_MAX",
+    "HERALD_WORKER_RETRY_FACTOR",
+    "HERALD_WORKER_RETRY_JITTER",
+];
+
+/// API tokens; the config holds their SHA-256.
+const OP_TOKEN: &str = "op-token";
+const ACME_TOKEN: &str = "acme-token";
+
+fn sha256_hex(token: &str) -> String {
+    // `sha256sum` is on every machine that runs these tests (coreutils).
+    let mut child = Command::new("sha256sum")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run sha256sum");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(token.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8(out.stdout).unwrap()[..64].to_string()
+}
+
+fn herald(dir: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_herald"));
+    c.current_dir(dir);
+    for v in HERALD_ENV {
+        c.env_remove(v);
+    }
+    c.env("HERALD_LOG", "info");
+    c
+}
+
+/// A running `herald serve`.
+struct Server {
+    child: Child,
+    base: String,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Server {
+    /// Starts it and waits for its "listening on" line.
+    fn start(mut cmd: Command) -> Server {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start herald serve");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut err = child.stderr.take().unwrap();
+        let sink = stderr.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = err.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = match lines.next() {
+            Some(Ok(l)) => l,
+            _ => {
+                let status = child.wait().unwrap();
+                std::thread::sleep(Duration::from_millis(100));
+                panic!(
+                    "herald serve printed nothing ({status}); stderr:\n{}",
+                    stderr.lock().unwrap()
+                );
+            }
+        };
+        std::thread::spawn(move || for _ in lines {});
+        let base = first
+            .split("listening on ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no address in {first:?}"))
+            .to_string();
+        Server {
+            child,
+            base,
+            stderr,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} failed");
+    }
+
+    /// Waits for the process to exit.
+    fn wait(&mut self, limit: Duration) -> ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                std::thread::sleep(Duration::from_millis(50));
+                return status;
+            }
+            if start.elapsed() > limit {
+                let _ = self.child.kill();
+                panic!(
+                    "herald serve did not exit within {limit:?}; stderr:\n{}",
+                    self.stderr()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+async fn get(s: &Server, path: &str, token: Option<&str>) -> (u16, Value, String) {
+    let mut req = reqwest::Client::new().get(s.url(path));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let r = req.send().await.expect("GET");
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::Null),
+        text,
+    )
+}
+
+async fn post(s: &Server, path: &str, token: Option<&str>, body: Value) -> (u16, Value) {
+    let mut req = reqwest::Client::new().post(s.url(path)).json(&body);
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let r = req.send().await.expect("POST");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// Emits 10 events one by one and 40 in a batch with `token`, waits until
+/// all 50 ran, and checks `/v1/stats` (as `operator`) and `/metrics`.
+async fn emit_and_watch(s: &Server, token: Option<&str>, operator: Option<&str>) {
+    for n in 0..10 {
+        let (status, v) = post(
+            s,
+            "/v1/events",
+            token,
+            json!({"tenant": "acme", "handler": "work", "payload": {"n": n}}),
+        )
+        .await;
+        assert_eq!(status, 201, "{v}");
+    }
+    let batch: Vec<Value> = (10..50)
+        .map(|n| json!({"tenant": "acme", "handler": "work", "payload": {"n": n}}))
+        .collect();
+    let (status, v) = post(s, "/v1/events/batch", token, json!({"events": batch})).await;
+    assert_eq!(status, 201, "{v}");
+    assert_eq!(v["results"].as_array().unwrap().len(), 40);
+    // One that stays: its handler is not configured.
+    let (status, _) = post(
+        s,
+        "/v1/events",
+        token,
+        json!({"tenant": "acme", "handler": "elsewhere", "payload": null}),
+    )
+    .await;
+    assert_eq!(status, 201);
+
+    let mut stats = Value::Null;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        stats = get(s, "/v1/stats", operator).await.1;
+        let work = &stats["recent"]["handlers"]["work"];
+        if work["emit_to_start_seconds"]["samples"] == 50
+            && work["done_per_second"].as_f64().unwrap_or(0.0)
+                * stats["recent"]["window_seconds"].as_f64().unwrap_or(0.0)
+                >= 49.5
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let work = &stats["recent"]["handlers"]["work"];
+    assert_eq!(work["emit_to_start_seconds"]["samples"], 50, "{stats}");
+    assert!(
+        work["emit_to_start_seconds"]["p99"].as_f64().is_some(),
+        "{stats}"
+    );
+    assert_eq!(stats["handlers"], json!(["work"]));
+    assert_eq!(
+        stats["counts"],
+        json!([{"tenant": "acme", "handler": "elsewhere", "state": "pending", "count": 1, "paused": false, "blocked": false}]),
+        "done events are deleted"
+    );
+
+    let (status, _, metrics) = get(s, "/metrics", None).await;
+    assert_eq!(status, 200);
+    for line in [
+        "herald_events_emitted_total{handler=\"work\"} 50",
+        "herald_events_emitted_total{handler=\"elsewhere\"} 1",
+        "herald_events_done_total{handler=\"work\"} 50",
+        "herald_emit_to_start_seconds_count{handler=\"work\"} 50",
+        "herald_handler_duration_seconds_count{handler=\"work\"} 50",
+        "herald_runs_in_flight{handler=\"work\"} 0",
+    ] {
+        assert!(metrics.contains(line), "{line:?} not in\n{metrics}");
+    }
+}
+
+#[tokio::test]
+async fn serve_on_sqlite_emits_runs_reports_and_stops_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("events.db");
+    let config = dir.path().join("herald.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+store = "sqlite://{}"
+listen = "127.0.0.1:0"
+[worker]
+concurrency = 8
+lease = "5s"
+shutdown_grace = "5s"
+[auth]
+operator_token_sha256 = "{}"
+[auth.tenants]
+acme = "{}"
+"#,
+            db.display(),
+            sha256_hex(OP_TOKEN),
+            sha256_hex(ACME_TOKEN)
+        ),
+    )
+    .unwrap();
+    let mut cmd = herald(dir.path());
+    cmd.args(["serve", "--config"])
+        .arg(&config)
+        .args(["--noop-handler", "work"]);
+    let mut s = Server::start(cmd);
+
+    let (status, v, _) = get(&s, "/v1/stats", None).await;
+    assert_eq!(status, 401, "{v}");
+    assert_eq!(v["error"]["code"], "missing_token");
+    emit_and_watch(&s, Some(ACME_TOKEN), Some(OP_TOKEN)).await;
+    // The tenant's view has its counts, but no server-wide figures.
+    let (_, v, _) = get(&s, "/v1/stats", Some(ACME_TOKEN)).await;
+    assert_eq!(v["counts"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(v["recent"], Value::Null);
+    let (status, _, doc) = get(&s, "/openapi.json", None).await;
+    assert_eq!(status, 200);
+    assert!(doc.contains("\"openapi\": \"3.1.0\""));
+
+    s.signal("-TERM");
+    let status = s.wait(Duration::from_secs(20));
+    assert!(status.success(), "exit {status}; stderr:\n{}", s.stderr());
+    assert!(
+        s.stderr().contains("herald serve stopped"),
+        "{}",
+        s.stderr()
+    );
+    assert!(db.exists());
+}
+
+#[tokio::test]
+async fn serve_without_configuration_uses_herald_db_here_and_stops_on_sigint() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = herald(dir.path());
+    cmd.args(["serve", "--listen", "127.0.0.1:0"]);
+    let mut s = Server::start(cmd);
+    assert!(
+        s.stderr().contains("no API token is configured") || {
+            std::thread::sleep(Duration::from_millis(200));
+            s.stderr().contains("no API token is configured")
+        }
+    );
+    // Open mode: no token needed, and a configured-looking one is ignored.
+    let (status, v) = post(
+        &s,
+        "/v1/events",
+        None,
+        json!({"tenant": "t", "handler": "h", "payload": [1, 2]}),
+    )
+    .await;
+    assert_eq!(status, 201, "{v}");
+    let (_, v, _) = get(&s, "/v1/stats", Some("whatever")).await;
+    assert_eq!(v["counts"][0]["count"], 1, "{v}");
+    assert_eq!(v["handlers"], json!([]));
+    s.signal("-INT");
+    let status = s.wait(Duration::from_secs(20));
+    assert!(status.success(), "exit {status}; stderr:\n{}", s.stderr());
+    assert!(
+        dir.path().join("herald.db").exists(),
+        "./herald.db is the default store"
+    );
+}
+
+#[test]
+fn env_overrides_the_file_and_flags_override_env() {
+    let dir = tempfile::tempdir().unwrap();
+    // The file's listen address is taken (we hold it), the env's is bad,
+    // the flag's is good: the flag wins.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    std::fs::write(
+        dir.path().join("herald.toml"),
+        format!("listen = \"{}\"\n", taken.local_addr().unwrap()),
+    )
+    .unwrap();
+    let out = herald(dir.path())
+        .args(["serve"])
+        .env("HERALD_LISTEN", "not-an-address")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("environment variable HERALD_LISTEN: listen: \"not-an-address\" is not an IP address and port"),
+        "{stderr}"
+    );
+    let mut cmd = herald(dir.path());
+    cmd.args(["serve", "--listen", "127.0.0.1:0"])
+        .env("HERALD_LISTEN", "not-an-address");
+    let mut s = Server::start(cmd);
+    s.signal("-TERM");
+    assert!(s.wait(Duration::from_secs(20)).success());
+    // With neither, the file's (taken) address is used, and the error says so.
+    let out = herald(dir.path()).args(["serve"]).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cannot listen on"), "{stderr}");
+    drop(taken);
+}
+
+#[test]
+fn configuration_errors_name_the_key_and_exit_non_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: &[(&str, &str)] = &[
+        (
+            "[worker]\nconcurency = 4\n",
+            "worker.concurency: unknown key; expected one of `concurrency`",
+        ),
+        (
+            "[worker]\nlease = \"a while\"\n",
+            "worker.lease: \"a while\" is not a duration",
+        ),
+        (
+            "[handlers.send_email]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:9/\"\n",
+            "handlers.send_email: handler kinds are not built into this binary yet",
+        ),
+        (
+            "listen = \"0.0.0.0:7878\"\n",
+            "listen: 0.0.0.0:7878 is not a loopback address, and no API token is configured",
+        ),
+        (
+            "[auth]\noperator_token_sha256 = \"op-token\"\n",
+            "auth.operator_token_sha256: is 8 characters long",
+        ),
+        ("store = \"redis://x\"\n", "store: \"redis\" is not a store"),
+    ];
+    for (file, want) in cases {
+        let path = dir.path().join("bad.toml");
+        std::fs::write(&path, file).unwrap();
+        let out = herald(dir.path())
+            .args(["serve", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{file:?} was accepted");
+        assert!(stderr.contains(want), "{file:?}: {stderr}");
+        assert!(stderr.contains("bad.toml"), "names the file: {stderr}");
+    }
+    let out = herald(dir.path())
+        .args(["serve", "--config", "missing.toml"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot read the config file missing.toml")
+    );
+}
+
+#[tokio::test]
+async fn serve_on_postgres_emits_runs_and_stops_on_sigterm() {
+    let test = "serve_on_postgres_emits_runs_and_stops_on_sigterm";
+    let url = database_url();
+    if let Err(e) = reachable().await {
+        unreachable(test, &url, &e);
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let schema = TestSchema::adopt(TestSchema::random_name());
+    let migrate = herald(dir.path())
+        .args(["migrate", "--store", &url, "--schema", schema.name()])
+        .output()
+        .unwrap();
+    assert!(
+        migrate.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrate.stderr)
+    );
+    let mut cmd = herald(dir.path());
+    cmd.args(["serve", "--store", &url, "--listen", "127.0.0.1:0"])
+        .args(["--noop-handler", "work"])
+        .env("HERALD_PG_SCHEMA", schema.name())
+        .env("HERALD_WORKER_SWEEP_EVERY", "1s");
+    let mut s = Server::start(cmd);
+    emit_and_watch(&s, None, None).await;
+    s.signal("-TERM");
+    let status = s.wait(Duration::from_secs(30));
+    assert!(status.success(), "exit {status}; stderr:\n{}", s.stderr());
+}
