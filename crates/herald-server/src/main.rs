@@ -2,6 +2,9 @@
 #![forbid(unsafe_code)]
 
 mod demo;
+// Until `herald serve` builds handlers from `herald.toml`, only the tests use them.
+#[cfg_attr(not(test), allow(dead_code))]
+mod handlers;
 mod migrate;
 
 use clap::{Parser, Subcommand};
