@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod demo;
+mod handlers;
 mod migrate;
 mod serve;
 

@@ -20,6 +20,8 @@ use std::time::Duration;
 
 use herald::{Client, Context, Handler, MemoryQueue, Queue, Store, StoreError, Worker};
 use herald_postgres::PgStore;
+
+use crate::handlers::{self, HandlerConfig};
 use herald_sqlite::SqliteStore;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio_util::sync::CancellationToken;
@@ -92,14 +94,23 @@ pub type NamedHandlers = Vec<(String, Arc<dyn Handler>)>;
 /// The handler kinds (webhook, command) live in the `handlers` module,
 /// which is not in this build yet: any configured handler is refused.
 pub fn build_handlers(config: &ServeConfig) -> Result<NamedHandlers, ConfigError> {
-    if let Some(name) = config.handlers.keys().next() {
-        return Err(ConfigError::invalid(
-            config.origin(),
-            format!("handlers.{name}"),
-            "handler kinds are not built into this binary yet",
-        ));
+    let mut built = Vec::with_capacity(config.handlers.len());
+    for (name, value) in &config.handlers {
+        let handler = HandlerConfig::from_toml(name, value.clone())
+            .and_then(|h| h.build(name))
+            .map_err(|e| match e {
+                handlers::ConfigError::Key { key, message } => {
+                    ConfigError::invalid(config.origin(), key, message)
+                }
+                // Only the handlers module's tests parse whole documents.
+                #[cfg(test)]
+                handlers::ConfigError::Toml(message) => {
+                    ConfigError::invalid(config.origin(), format!("handlers.{name}"), message)
+                }
+            })?;
+        built.push((name.clone(), handler));
     }
-    Ok(Vec::new())
+    Ok(built)
 }
 
 /// Runs `herald serve` until SIGTERM or SIGINT.

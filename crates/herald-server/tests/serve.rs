@@ -402,8 +402,8 @@ fn configuration_errors_name_the_key_and_exit_non_zero() {
             "worker.lease: \"a while\" is not a duration",
         ),
         (
-            "[handlers.send_email]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:9/\"\n",
-            "handlers.send_email: handler kinds are not built into this binary yet",
+            "[handlers.send_email]\nkind = \"webhook\"\nurl = \"/hooks\"\n",
+            "handlers.send_email.url: relative URL without a base",
         ),
         (
             "listen = \"0.0.0.0:7878\"\n",
