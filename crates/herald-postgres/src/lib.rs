@@ -48,8 +48,8 @@ use herald::store::{
     SweepPage, SweepPass,
 };
 use herald::{
-    Emitted, Event, EventId, EventState, LeaseToken, Millis, NewEvent, Notification, Rule,
-    RuleKind, RuleMatch, Store, StoreError,
+    AttemptError, Emitted, Event, EventId, EventState, LeaseToken, Millis, NewEvent, Notification,
+    Rule, RuleKind, RuleMatch, Store, StoreError,
 };
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Connection, PgConnection, Row};
@@ -1189,6 +1189,21 @@ impl Store for PgStore {
             .map(event_row)
             .transpose()
             .ctx(OP)?)
+    }
+
+    async fn history(&self, id: EventId) -> StoreResult<Vec<AttemptError>> {
+        const OP: &str = "history";
+        let text: Option<Option<String>> = sqlx::query_scalar(&self.sql.history)
+            .bind(id.0)
+            .fetch_optional(&self.pool)
+            .await
+            .ctx(OP)?;
+        match text.flatten() {
+            None => Ok(Vec::new()),
+            Some(t) => serde_json::from_str(&t).map_err(|e| {
+                StoreError::Backend(format!("{OP}: event {id} has unreadable errors: {e}"))
+            }),
+        }
     }
 
     async fn list(&self, filter: &EventFilter, limit: usize) -> StoreResult<Vec<Event>> {

@@ -7,7 +7,10 @@ use sqlx::{Connection, Executor, PgConnection, Row};
 /// The embedded migrations, in order; the schema version after applying the
 /// `n`-th is `n` (1-based). Each runs with `search_path` set to herald's
 /// schema, so it names tables without a schema.
-const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_init.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../migrations/0001_init.sql"),
+    include_str!("../migrations/0002_error_history.sql"),
+];
 
 /// The newest schema version this build knows.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

@@ -63,7 +63,9 @@ const SETTLE_RELEASE: &str = "UPDATE {s}.events AS e \
      SET lease_token = NULL, lease_expires_at = NULL, \
          run_at = {now} + s.wait, notified_at = {now} + s.wait, \
          attempt = greatest(e.attempt - s.give_back, 0), \
-         last_error = coalesce(s.error, e.last_error), updated_at = {now} \
+         last_error = coalesce(s.error, e.last_error), updated_at = {now}, \
+         errors = CASE WHEN s.error IS NULL THEN e.errors ELSE coalesce(e.errors, '[]'::jsonb) \
+             || jsonb_build_array(jsonb_build_object('attempt', e.attempt, 'at', {now}, 'error', s.error)) END \
      FROM unnest($1::uuid[], $2::uuid[], $3::int4[], $4::int8[], $5::int4[], $6::text[]) \
           AS s(id, token, ord, wait, give_back, error) \
      WHERE e.id = s.id AND e.lease_token IS NOT DISTINCT FROM s.token AND e.state = 0 \
@@ -72,7 +74,9 @@ const SETTLE_RELEASE: &str = "UPDATE {s}.events AS e \
 /// `$4` error.
 const SETTLE_BURY: &str = "UPDATE {s}.events AS e \
      SET state = 1, finished_at = {now}, updated_at = {now}, last_error = s.error, \
-         lease_token = NULL, lease_expires_at = NULL \
+         lease_token = NULL, lease_expires_at = NULL, \
+         errors = coalesce(e.errors, '[]'::jsonb) \
+             || jsonb_build_array(jsonb_build_object('attempt', e.attempt, 'at', {now}, 'error', s.error)) \
      FROM unnest($1::uuid[], $2::uuid[], $3::int4[], $4::text[]) AS s(id, token, ord, error) \
      WHERE e.id = s.id AND e.lease_token IS NOT DISTINCT FROM s.token AND e.state = 0 \
      RETURNING s.ord";
@@ -193,6 +197,9 @@ const PURGE: &str = "DELETE FROM {s}.events WHERE id IN (SELECT id FROM {s}.even
 
 const GET: &str = "SELECT {cols} FROM {s}.events AS e WHERE e.id = $1";
 
+/// The error history as JSON text (`NULL` when there is none). `$1` id.
+const HISTORY: &str = "SELECT e.errors::text FROM {s}.events AS e WHERE e.id = $1";
+
 const COUNTS: &str = "SELECT tenant, handler, state, count(*) FROM {s}.events \
      GROUP BY tenant, handler, state ORDER BY tenant, handler, state";
 
@@ -247,6 +254,7 @@ pub(crate) struct Sql {
     pub(crate) resign: String,
     pub(crate) purge: String,
     pub(crate) get: String,
+    pub(crate) history: String,
     pub(crate) counts: String,
     pub(crate) revive_clash: String,
     pub(crate) revive: String,
@@ -290,6 +298,7 @@ impl Sql {
             resign: f(RESIGN),
             purge: f(PURGE),
             get: f(GET),
+            history: f(HISTORY),
             counts: f(COUNTS),
             revive_clash: f(REVIVE_CLASH),
             revive: f(REVIVE),

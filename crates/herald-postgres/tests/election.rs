@@ -120,6 +120,9 @@ impl Store for SweepSpy {
     async fn get(&self, id: EventId) -> StoreResult<Option<Event>> {
         self.inner.get(id).await
     }
+    async fn history(&self, id: EventId) -> StoreResult<Vec<herald::AttemptError>> {
+        self.inner.history(id).await
+    }
     async fn list(&self, filter: &EventFilter, limit: usize) -> StoreResult<Vec<Event>> {
         self.inner.list(filter, limit).await
     }

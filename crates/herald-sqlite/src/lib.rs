@@ -38,8 +38,8 @@ use herald::store::{
     SweepPage, SweepPass,
 };
 use herald::{
-    Emitted, Event, EventId, EventState, LeaseToken, Millis, NewEvent, Notification, Rule,
-    RuleKind, RuleMatch, Store, StoreError,
+    AttemptError, Emitted, Event, EventId, EventState, LeaseToken, Millis, NewEvent, Notification,
+    Rule, RuleKind, RuleMatch, Store, StoreError,
 };
 use rusqlite::types::Value;
 use rusqlite::vtab::array::Array;
@@ -763,6 +763,22 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn history(&self, id: EventId) -> StoreResult<Vec<AttemptError>> {
+        let text: Option<String> = self
+            .call("history", move |conn, _| {
+                conn.prepare_cached("SELECT errors FROM events WHERE id = ?1")
+                    .and_then(|mut st| st.query_row([blob(id)], |r| r.get(0)).optional())
+                    .map(Option::flatten)
+                    .ctx("history")
+            })
+            .await?;
+        text.map_or(Ok(Vec::new()), |t| {
+            serde_json::from_str(&t).map_err(|e| {
+                StoreError::Backend(format!("history: event {id} has unreadable errors: {e}"))
+            })
+        })
+    }
+
     async fn list(&self, filter: &EventFilter, limit: usize) -> StoreResult<Vec<Event>> {
         if limit == 0 {
             return Ok(Vec::new());
@@ -971,13 +987,17 @@ const SETTLE_ARCHIVE_SQL: &str = "UPDATE events \
 /// `?3` now, `?4` the new run_at, `?5` 1 to give the attempt back, `?6` error.
 const SETTLE_RELEASE_SQL: &str = "UPDATE events \
      SET lease_token = NULL, lease_expires_at = NULL, run_at = ?4, notified_at = ?4, \
-         attempt = max(attempt - ?5, 0), last_error = coalesce(?6, last_error), updated_at = ?3 \
+         attempt = max(attempt - ?5, 0), last_error = coalesce(?6, last_error), updated_at = ?3, \
+         errors = CASE WHEN ?6 IS NULL THEN errors ELSE json_insert(coalesce(errors, '[]'), '$[#]', \
+             json_object('attempt', attempt, 'at', ?3, 'error', ?6)) END \
      WHERE id = ?1 AND lease_token IS ?2 AND state = 0";
 
 /// `?3` now, `?4` error.
 const SETTLE_BURY_SQL: &str = "UPDATE events \
      SET state = 1, finished_at = ?3, updated_at = ?3, last_error = ?4, \
-         lease_token = NULL, lease_expires_at = NULL \
+         lease_token = NULL, lease_expires_at = NULL, \
+         errors = json_insert(coalesce(errors, '[]'), '$[#]', \
+             json_object('attempt', attempt, 'at', ?3, 'error', ?4)) \
      WHERE id = ?1 AND lease_token IS ?2 AND state = 0";
 
 /// Unparks up to `?3` parked events of one handler (`?1` tenant, `?2`

@@ -9,7 +9,10 @@ use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension};
 
 /// The embedded migrations, in order; the schema version after applying the
 /// `n`-th is `n` (1-based).
-const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_init.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../migrations/0001_init.sql"),
+    include_str!("../migrations/0002_error_history.sql"),
+];
 
 /// The newest schema version this build knows.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

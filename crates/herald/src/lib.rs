@@ -20,8 +20,8 @@ pub use client::{Client, ClientError, EmitOptions, EmitRequest, Release};
 pub use handler::{Context, Handler, HandlerError, IntoOutcome, Job, Outcome};
 pub use memory_queue::MemoryQueue;
 pub use model::{
-    Emitted, Event, EventId, EventState, Lease, LeaseToken, Millis, NewEvent, Notification, Rule,
-    RuleKind, RuleMatch,
+    AttemptError, Emitted, Event, EventId, EventState, Lease, LeaseToken, Millis, NewEvent,
+    Notification, Rule, RuleKind, RuleMatch,
 };
 pub use queue::{Delivery, DeliveryTag, Publish, Queue, QueueError};
 pub use retry::{RetryPolicy, DEFAULT_MAX_ATTEMPTS};

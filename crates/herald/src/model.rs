@@ -170,6 +170,17 @@ pub struct Event {
     pub updated_at: Millis,
 }
 
+/// One failed attempt, as recorded on the event: the error history.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptError {
+    /// The attempt that failed (1-based).
+    pub attempt: u32,
+    /// When its failure was recorded, by the store's clock.
+    pub at: Millis,
+    /// What went wrong.
+    pub error: String,
+}
+
 /// What an application emits: everything but the fields herald manages.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NewEvent {

@@ -12,8 +12,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::model::{
-    Emitted, Event, EventId, EventState, LeaseToken, Millis, NewEvent, Notification, Rule,
-    RuleKind, RuleMatch,
+    AttemptError, Emitted, Event, EventId, EventState, LeaseToken, Millis, NewEvent, Notification,
+    Rule, RuleKind, RuleMatch,
 };
 
 /// Errors from a store.
@@ -272,6 +272,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// One event.
     async fn get(&self, id: EventId) -> StoreResult<Option<Event>>;
+
+    /// The event's error history, oldest first: one entry per failed
+    /// attempt (retries and the final failure), written by the same
+    /// statement that settles the attempt. Empty for an unknown id. It grows
+    /// by at most `max_attempts` per life of the event (plus the operator's
+    /// revivals), so it is not capped.
+    async fn history(&self, id: EventId) -> StoreResult<Vec<AttemptError>>;
 
     /// Events in id order, matching `filter`, at most `limit`.
     async fn list(&self, filter: &EventFilter, limit: usize) -> StoreResult<Vec<Event>>;

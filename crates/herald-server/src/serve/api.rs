@@ -295,9 +295,20 @@ struct EventView {
     max_attempts: u32,
     lease_expires_at: Option<String>,
     last_error: Option<String>,
+    /// Every failed attempt, oldest first: only when one event is shown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    errors: Option<Vec<ErrorView>>,
     idempotency_key: Option<String>,
     created_at: String,
     updated_at: String,
+}
+
+/// One failed attempt in an event's error history.
+#[derive(Serialize)]
+struct ErrorView {
+    attempt: u32,
+    at: String,
+    error: String,
 }
 
 impl From<Event> for EventView {
@@ -320,6 +331,7 @@ impl From<Event> for EventView {
             max_attempts: e.max_attempts,
             lease_expires_at: e.lease.map(|l| time(l.expires_at)),
             last_error: e.last_error,
+            errors: None,
             idempotency_key: e.idempotency_key,
             created_at: time(e.created_at),
             updated_at: time(e.updated_at),
@@ -423,7 +435,19 @@ async fn show_event(
     PathParams(id): PathParams<String>,
 ) -> Result<Json<EventView>, ApiError> {
     let id = event_id(&id)?;
-    Ok(Json(visible_event(&s, &caller, id).await?.into()))
+    let mut view: EventView = visible_event(&s, &caller, id).await?.into();
+    let history = s.client.store().history(id).await?;
+    view.errors = Some(
+        history
+            .into_iter()
+            .map(|h| ErrorView {
+                attempt: h.attempt,
+                at: time(h.at),
+                error: h.error,
+            })
+            .collect(),
+    );
+    Ok(Json(view))
 }
 
 async fn retry_event(

@@ -192,6 +192,7 @@ macro_rules! engine_suite {
 macro_rules! store_suite {
     ($make:path) => {
         $crate::store_suite!(@tests $make;
+            history_records_each_failed_attempt,
             emit_stores_the_event_as_given,
             emitting_the_same_id_twice_reports_existing,
             idempotency_key_is_one_live_event_per_key,

@@ -755,6 +755,54 @@ pub async fn settle_delete_archive_and_bury(store: Arc<dyn Store>) {
 
 /// Release: a failure keeps the attempt, records the error and waits; a
 /// release without an error keeps the last one; give_back returns the
+/// Each failed attempt is recorded in the error history, oldest first, by
+/// the statement that settles it; a snooze records nothing; the history
+/// survives a revive and is empty for an unknown id.
+pub async fn history_records_each_failed_attempt(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    assert_eq!(s.history(EventId::new()).await.expect("history"), vec![]);
+    let id = emit_one(s, new_event("t", "h")).await;
+    assert_eq!(s.history(id).await.expect("history"), vec![]);
+    let before = store_now(s).await;
+    let token = claim_one(s, id, LEASE).await.expect("attempt 1");
+    assert!(
+        settle_one(
+            s,
+            id,
+            Some(token),
+            release(Duration::ZERO, Some("boom"), false)
+        )
+        .await
+    );
+    let token = claim_one(s, id, LEASE).await.expect("attempt 2");
+    // A snooze gives the attempt back and records nothing.
+    assert!(settle_one(s, id, Some(token), release(Duration::ZERO, None, true)).await);
+    let token = claim_one(s, id, LEASE).await.expect("attempt 2 again");
+    let bury = Finish::Bury {
+        error: "gave up".into(),
+    };
+    assert!(settle_one(s, id, Some(token), bury).await);
+    let after = store_now(s).await;
+    let history = s.history(id).await.expect("history");
+    let seen: Vec<(u32, &str)> = history
+        .iter()
+        .map(|h| (h.attempt, h.error.as_str()))
+        .collect();
+    assert_eq!(seen, vec![(1, "boom"), (2, "gave up")]);
+    for h in &history {
+        assert!(
+            before <= h.at && h.at <= after,
+            "{h:?} outside [{before:?}, {after:?}]"
+        );
+    }
+    assert!(s.revive(id).await.expect("revive").is_some());
+    assert_eq!(
+        s.history(id).await.expect("history").len(),
+        2,
+        "kept across a revive"
+    );
+}
+
 /// attempt, never below 0.
 pub async fn release_arithmetic(store: Arc<dyn Store>) {
     let store = store.as_ref();
