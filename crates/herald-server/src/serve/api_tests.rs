@@ -950,6 +950,18 @@ async fn retry_moves_a_dead_event_back_and_refuses_anything_else() {
             .contains("card declined"),
         "{event}"
     );
+    // The error history: one entry for the one failed attempt.
+    let errors = event["errors"].as_array().expect("errors in a shown event");
+    assert_eq!(errors.len(), 1, "{event}");
+    assert_eq!(errors[0]["attempt"], 1, "{event}");
+    assert!(
+        errors[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("card declined"),
+        "{event}"
+    );
+    assert!(errors[0]["at"].as_str().unwrap().ends_with('Z'), "{event}");
     let (status, v) = h
         .call(Method::POST, &format!("{path}/retry"), Some(ACME), None)
         .await;
