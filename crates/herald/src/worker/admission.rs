@@ -192,6 +192,7 @@ async fn admit_batch(
         match admission {
             Admission::Bury { error } => {
                 let lease = item.and_then(|i| i.event.lease).map(|l| l.token);
+                let handler = item.map(|i| i.event.handler.as_str()).unwrap_or_default();
                 burials.push((
                     Settle {
                         id,
@@ -199,17 +200,24 @@ async fn admit_batch(
                         finish: Finish::Bury { error },
                     },
                     tag,
+                    shared.instruments(handler),
                 ));
             }
             other => answers.add(&shared.stats, tag, &other),
         }
     }
     if !burials.is_empty() {
-        let writes: Vec<Settle> = burials.iter().map(|(s, _)| s.clone()).collect();
+        let writes: Vec<Settle> = burials.iter().map(|(s, _, _)| s.clone()).collect();
         match shared.store.settle(&writes).await {
             Ok(done) => {
-                for ((s, tag), ok) in burials.into_iter().zip(done) {
+                for ((s, tag, instruments), ok) in burials.into_iter().zip(done) {
                     if ok {
+                        // Its last attempt failed (its worker died): count it as a failure and a death.
+                        instruments.failed.increment(1);
+                        instruments.dead.increment(1);
+                        if let Some(observer) = &shared.observer {
+                            observer.settled(&instruments.name, super::RunSettled::Dead);
+                        }
                         tracing::warn!(event = %s.id, "no attempts left after its worker died: moved to dead");
                         WorkerStats::add(&shared.stats.buried, 1);
                         answers.add(
@@ -225,7 +233,7 @@ async fn admit_batch(
             Err(e) => {
                 tracing::warn!(error = %e, "cannot move exhausted events to dead");
                 WorkerStats::add(&shared.stats.store_errors, 1);
-                for (_, tag) in burials {
+                for (_, tag, _) in burials {
                     answers.add(&shared.stats, tag, &decision::store_failed(&policy));
                 }
             }
