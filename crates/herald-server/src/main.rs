@@ -1,6 +1,7 @@
 //! The `herald` program.
 #![forbid(unsafe_code)]
 
+mod cli;
 mod demo;
 mod handlers;
 mod migrate;
@@ -10,7 +11,7 @@ use clap::{Parser, Subcommand};
 
 /// herald: a durable event queue. The database stores, the queue schedules.
 #[derive(Parser)]
-#[command(name = "herald", version, about)]
+#[command(name = "herald", version, about, after_help = cli::EXIT_HELP)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -26,6 +27,21 @@ enum Command {
     /// Run workers, the HTTP API and /metrics, from herald.toml, HERALD_…
     /// variables and flags; with none, on ./herald.db and the in-process queue.
     Serve(serve::ServeArgs),
+    /// Emit one event through a running server; prints its id.
+    Emit(cli::emit::EmitArgs),
+    /// List, show, retry or delete events on a running server.
+    #[command(subcommand)]
+    Events(cli::events::EventsCommand),
+    /// Pause a tenant's handler: its events wait until `unpause`.
+    Pause(cli::rules::RuleArgs),
+    /// Remove a pause; prints what still holds and how many were re-notified.
+    Unpause(cli::rules::RuleArgs),
+    /// Block a tenant's handler (operator token only).
+    Block(cli::rules::RuleArgs),
+    /// Remove a block; prints what still holds and how many were re-notified.
+    Unblock(cli::rules::RuleArgs),
+    /// Show event counts, what holds each handler, and recent throughput.
+    Stats(cli::stats::StatsArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -35,6 +51,7 @@ fn main() -> std::process::ExitCode {
         Command::Demo(_) => "error",
         Command::Migrate(_) => "warn",
         Command::Serve(_) => "info",
+        _ => "warn",
     };
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -51,18 +68,28 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(async {
+    let result: Result<(), (u8, String)> = runtime.block_on(async {
+        use cli::rules::{run as rule, Kind};
+        let other = |e: String| (1, e);
+        let exit = |r: Result<(), cli::Failure>| r.map_err(|f| (f.code, f.message));
         match cli.command {
-            Command::Demo(args) => demo::run(args).await.map_err(|e| e.to_string()),
-            Command::Migrate(args) => migrate::run(args).await.map_err(|e| e.to_string()),
-            Command::Serve(args) => serve::run(args).await.map_err(|e| e.to_string()),
+            Command::Demo(args) => demo::run(args).await.map_err(|e| other(e.to_string())),
+            Command::Migrate(args) => migrate::run(args).await.map_err(|e| other(e.to_string())),
+            Command::Serve(args) => serve::run(args).await.map_err(|e| other(e.to_string())),
+            Command::Emit(args) => exit(cli::emit::run(args).await),
+            Command::Events(command) => exit(cli::events::run(command).await),
+            Command::Pause(args) => exit(rule(Kind::Pause, true, args).await),
+            Command::Unpause(args) => exit(rule(Kind::Pause, false, args).await),
+            Command::Block(args) => exit(rule(Kind::Block, true, args).await),
+            Command::Unblock(args) => exit(rule(Kind::Block, false, args).await),
+            Command::Stats(args) => exit(cli::stats::run(args).await),
         }
     });
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
+        Err((code, e)) => {
             eprintln!("herald: {e}");
-            std::process::ExitCode::FAILURE
+            std::process::ExitCode::from(code)
         }
     }
 }
