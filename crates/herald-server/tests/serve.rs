@@ -468,3 +468,63 @@ async fn serve_on_postgres_emits_runs_and_stops_on_sigterm() {
     let status = s.wait(Duration::from_secs(30));
     assert!(status.success(), "exit {status}; stderr:\n{}", s.stderr());
 }
+
+/// SIGTERM waits for running handlers up to the grace period; a second
+/// signal cancels them at once. The cancelled command is killed, and its
+/// event is released for the next worker with its attempt given back.
+#[tokio::test]
+async fn a_second_signal_cancels_running_commands_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("started");
+    std::fs::write(
+        dir.path().join("herald.toml"),
+        format!(
+            "[worker]\nshutdown_grace = \"1h\"\n\n[handlers.slow]\nkind = \"command\"\nprogram = \"/bin/sh\"\nargs = [\"-c\", \"touch {}; sleep 1000\"]\ntimeout = \"1h\"\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    let mut cmd = herald(dir.path());
+    cmd.args(["serve", "--listen", "127.0.0.1:0"]);
+    let mut s = Server::start(cmd);
+    let (status, v) = post(
+        &s,
+        "/v1/events",
+        None,
+        json!({"tenant": "t", "handler": "slow", "payload": {}}),
+    )
+    .await;
+    assert_eq!(status, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    let start = Instant::now();
+    while !marker.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the command never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    s.signal("-TERM");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        s.child.try_wait().unwrap().is_none(),
+        "the first signal waits for the running command (grace 1h)"
+    );
+    let second = Instant::now();
+    s.signal("-TERM");
+    let status = s.wait(Duration::from_secs(20));
+    assert!(status.success(), "exit {status}; stderr:\n{}", s.stderr());
+    assert!(
+        second.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        second.elapsed()
+    );
+    // The event is stored, pending, unleased, its attempt given back.
+    let store = herald_sqlite::SqliteStore::open(dir.path().join("herald.db")).unwrap();
+    let event = herald::Store::get(&store, id.parse().unwrap())
+        .await
+        .unwrap()
+        .expect("kept");
+    assert_eq!(event.state, herald::EventState::Pending);
+    assert_eq!((event.attempt, event.lease), (0, None));
+}
