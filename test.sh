@@ -52,4 +52,25 @@ if port_open 5432 && command -v psql >/dev/null 2>&1; then
     || psql -h 127.0.0.1 -U postgres -d postgres -c "CREATE DATABASE test"
 fi
 
+# The dashboard's browser test: headless Chromium driven by playwright-core.
+if [ ! -x /usr/bin/chromium ]; then
+  echo "test.sh: installing chromium for the dashboard's browser test"
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update && apt-get install -y chromium
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo apt-get update && sudo apt-get install -y chromium
+  else
+    echo "test.sh: cannot install chromium (not root, no sudo); the dashboard test will say SKIPPED" >&2
+  fi
+fi
+browser=crates/herald-server/tests/browser
+if [ ! -d "$browser/node_modules" ]; then
+  if command -v npm >/dev/null 2>&1; then
+    echo "test.sh: npm ci in $browser"
+    (cd "$browser" && npm ci --no-audit --no-fund)
+  else
+    echo "test.sh: npm is not installed; the dashboard test will say SKIPPED" >&2
+  fi
+fi
+
 cargo test --workspace --all-features "$@"

@@ -9,6 +9,7 @@ mod config;
 mod error;
 mod recent;
 mod telemetry;
+mod ui;
 
 #[cfg(test)]
 mod api_tests;

@@ -1,4 +1,5 @@
-//! The HTTP API: versioned JSON under `/v1`, `/metrics` and `/openapi.json`.
+//! The HTTP API: versioned JSON under `/v1`, `/metrics`, `/openapi.json`,
+//! and the dashboard (`/` and `/ui/…`).
 //! Every route is declared through [`Routes`], which keeps the list that
 //! the OpenAPI test compares with the document.
 
@@ -112,6 +113,9 @@ fn routes() -> Routes {
         .get("/v1/stats", stats)
         .get("/metrics", metrics)
         .get("/openapi.json", openapi)
+        .get("/", super::ui::index)
+        .get("/ui/app.js", super::ui::app_js)
+        .get("/ui/app.css", super::ui::app_css)
 }
 
 /// The `(method, path)` of every route, as the router has them.

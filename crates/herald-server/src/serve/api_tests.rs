@@ -561,7 +561,9 @@ async fn unknown_routes_and_methods_answer_json() {
         "not_found",
         &["GET /v1/nothing", "/openapi.json"],
     );
-    let (status, v) = h.call(Method::GET, "/", None, None).await;
+    let (status, v) = h.call(Method::GET, "/nothing", None, None).await;
+    assert_error(status, &v, StatusCode::NOT_FOUND, "not_found", &[]);
+    let (status, v) = h.call(Method::GET, "/ui/missing.js", None, None).await;
     assert_error(status, &v, StatusCode::NOT_FOUND, "not_found", &[]);
     let (status, v) = h
         .call(Method::PATCH, "/v1/events", Some(OPERATOR), None)
@@ -1315,4 +1317,27 @@ async fn every_operation_documents_its_errors_as_the_error_schema() {
             }
         }
     }
+}
+
+#[tokio::test]
+async fn the_dashboard_is_served_without_a_token() {
+    let h = Harness::new(tokens()).await;
+    for (path, kind, needle) in [
+        ("/", "text/html", "/ui/app.js"),
+        ("/ui/app.js", "text/javascript", "/v1/stats"),
+        ("/ui/app.css", "text/css", "body"),
+    ] {
+        let (status, headers, _, text) = h.raw(Method::GET, path, None, None, vec![]).await;
+        assert_eq!(status, StatusCode::OK, "GET {path}");
+        let ct = headers[header::CONTENT_TYPE].to_str().unwrap();
+        assert!(ct.starts_with(kind), "GET {path}: {ct}");
+        assert!(
+            headers.contains_key(header::CONTENT_SECURITY_POLICY),
+            "GET {path}"
+        );
+        assert!(text.contains(needle), "GET {path}: no {needle:?}");
+    }
+    // The page's requests still need the token.
+    let (status, _) = h.call(Method::GET, "/v1/stats", None, None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
 }
