@@ -56,9 +56,9 @@ fi
 if [ ! -x /usr/bin/chromium ]; then
   echo "test.sh: installing chromium for the dashboard's browser test"
   if [ "$(id -u)" = 0 ]; then
-    apt-get update && apt-get install -y chromium
+    apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
   elif command -v sudo >/dev/null 2>&1; then
-    sudo apt-get update && sudo apt-get install -y chromium
+    sudo apt-get update && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
   else
     echo "test.sh: cannot install chromium (not root, no sudo); the dashboard test will say SKIPPED" >&2
   fi
