@@ -381,9 +381,7 @@ fn check_consumer(config: &NatsConfig, got: &consumer::Config) -> QueueResult<()
             got.ack_policy,
         ));
     }
-    if got.ack_wait != config.ack_wait {
-        return Err(mismatch(&what, "ack_wait", config.ack_wait, got.ack_wait));
-    }
+    // First: the server sets AckWait to the BackOff's first step.
     if !got.backoff.is_empty() {
         return Err(mismatch(
             &what,
@@ -391,6 +389,9 @@ fn check_consumer(config: &NatsConfig, got: &consumer::Config) -> QueueResult<()
             Vec::<Duration>::new(),
             &got.backoff,
         ));
+    }
+    if got.ack_wait != config.ack_wait {
+        return Err(mismatch(&what, "ack_wait", config.ack_wait, got.ack_wait));
     }
     if got.max_deliver > 0 {
         return Err(mismatch(&what, "max_deliver", -1, got.max_deliver));
