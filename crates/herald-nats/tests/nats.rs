@@ -231,3 +231,19 @@ async fn receive_survives_a_server_restart() {
     drop(_server);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A confirmed ack of a delivery that was already acked still gets its
+/// confirmation (a late duplicate answer is not an error).
+#[tokio::test]
+async fn acking_twice_is_confirmed() {
+    let Some((client, prefix, _guard)) = setup().await else {
+        return;
+    };
+    let q = NatsQueue::with_client(client, NatsConfig::new(nats_url(), &prefix, ACK_WAIT))
+        .await
+        .unwrap();
+    q.publish(&[note()]).await.unwrap();
+    let got = q.receive(1).await.unwrap();
+    q.ack(&[got[0].tag.clone()]).await.unwrap();
+    q.ack(&[got[0].tag.clone()]).await.unwrap();
+}
