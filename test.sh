@@ -16,6 +16,10 @@ cleanup() {
     case "$s" in
       postgres:*) v=${s#postgres:}; echo "test.sh: stopping the PostgreSQL $v it started"
                   pg_ctlcluster --skip-systemctl-redirect "$v" main stop || true ;;
+      nats:*) pid=${s#nats:}; echo "test.sh: stopping the nats-server (pid $pid) it started"
+              kill "$pid" 2>/dev/null || true
+              wait "$pid" 2>/dev/null || true
+              rm -rf "$nats_dir" ;;
     esac
   done
 }
@@ -50,6 +54,20 @@ fi
 if port_open 5432 && command -v psql >/dev/null 2>&1; then
   psql -h 127.0.0.1 -U postgres -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'test'" | grep -q 1 \
     || psql -h 127.0.0.1 -U postgres -d postgres -c "CREATE DATABASE test"
+fi
+
+# NATS with JetStream on 127.0.0.1:4222 (a throwaway store directory).
+nats_dir=
+if [ -z "${NATS_URL:-}" ] && ! port_open 4222; then
+  if command -v nats-server >/dev/null 2>&1; then
+    nats_dir=$(mktemp -d -t herald-nats.XXXXXX)
+    echo "test.sh: starting nats-server (JetStream in $nats_dir)"
+    nats-server -a 127.0.0.1 -p 4222 -js -sd "$nats_dir" >"$nats_dir/server.log" 2>&1 &
+    started+=("nats:$!")
+    wait_port 4222 nats-server
+  else
+    echo "test.sh: nats-server is not installed; its tests will say so" >&2
+  fi
 fi
 
 # The dashboard's browser test: headless Chromium driven by playwright-core.

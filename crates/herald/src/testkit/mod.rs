@@ -1,19 +1,23 @@
 //! The conformance test kit: scenarios that every store backend must pass.
 //! [`engine`] runs them end to end through the real worker runtime and an
 //! in-process queue; [`store`] calls the [`Store`] trait alone, with exact
-//! results.
+//! results; [`queue`] calls the [`Queue`](crate::Queue) trait alone, for
+//! queue backends.
 //!
 //! A backend proves itself with one line per suite:
 //!
 //! ```ignore
 //! herald::engine_suite!(my_backend_tests::fresh_store);
 //! herald::store_suite!(my_backend_tests::fresh_store);
+//! herald::queue_suite!(my_backend_tests::fresh_queue);
 //! ```
 //!
 //! where `fresh_store` is an `async fn() -> herald::testkit::TestStore`
-//! giving each test its own empty store.
+//! giving each test its own empty store, and `fresh_queue` an
+//! `async fn() -> herald::testkit::queue::TestQueue` its own empty queue.
 
 pub mod engine;
+pub mod queue;
 pub mod store;
 
 use std::any::Any;
@@ -241,6 +245,40 @@ macro_rules! store_suite {
                 };
                 $crate::testkit::store::$name(fixture.store.clone()).await;
                 drop(fixture);
+            }
+        )*
+    };
+}
+
+/// Generates one `#[tokio::test]` per queue scenario ([`queue`]), each on a
+/// fresh queue from `$make` (an `async fn()` returning a
+/// [`queue::QueueFixture`]: a [`queue::TestQueue`] with the ack wait at
+/// [`queue::ACK_WAIT`], or `Option<TestQueue>` for a service that may be absent).
+#[macro_export]
+macro_rules! queue_suite {
+    ($make:path) => {
+        $crate::queue_suite!(@tests $make;
+            delivers_what_is_published,
+            ack_removes,
+            nack_with_delay_waits,
+            delayed_publish_waits,
+            unacked_comes_back_after_the_deadline,
+            extend_holds_past_the_first_deadline,
+            duplicate_publishes_are_deduplicated,
+            terminated_garbage_is_not_redelivered,
+            close_wakes_receivers,
+        );
+    };
+    (@tests $make:path; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                // A fixture may return `None`: its service is unreachable and
+                // it said so (a skip, outside CI).
+                let Some(fixture) = $crate::testkit::queue::QueueFixture::into_queue($make().await) else {
+                    return;
+                };
+                $crate::testkit::queue::$name(fixture).await;
             }
         )*
     };

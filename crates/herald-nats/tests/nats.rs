@@ -1,0 +1,249 @@
+//! NATS-specific behaviour: checking an existing stream and consumer,
+//! re-notifies, and a server restart.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, stream};
+use herald::queue::{Publish, Queue, QueueError};
+use herald::{EventId, Notification};
+use herald_nats::testing::{connect, nats_url, random_prefix, test_name, unreachable, TestStream};
+use herald_nats::{NatsConfig, NatsQueue};
+
+const ACK_WAIT: Duration = Duration::from_secs(2);
+
+/// A client, a fresh prefix and the guard that deletes its stream; `None`
+/// after the SKIPPED line.
+async fn setup() -> Option<(async_nats::Client, String, TestStream)> {
+    let client = match connect().await {
+        Ok(c) => c,
+        Err(e) => {
+            unreachable(&test_name(), &nats_url(), &e);
+            return None;
+        }
+    };
+    let prefix = random_prefix();
+    let guard = TestStream::adopt(&prefix);
+    Some((client, prefix, guard))
+}
+
+fn config_error(r: Result<NatsQueue, QueueError>) -> String {
+    match r {
+        Err(QueueError::Config(m)) => m,
+        Err(e) => panic!("expected a config error, got {e}"),
+        Ok(_) => panic!("expected a config error, got a queue"),
+    }
+}
+
+fn note() -> Publish {
+    Publish {
+        notification: Notification {
+            tenant: "t".into(),
+            event_id: EventId::new(),
+        },
+        delay: Duration::ZERO,
+    }
+}
+
+#[tokio::test]
+async fn a_consumer_with_a_backoff_is_refused() {
+    let Some((client, prefix, _guard)) = setup().await else {
+        return;
+    };
+    let config = NatsConfig::new(nats_url(), &prefix, ACK_WAIT);
+    let js = jetstream::new(client.clone());
+    let s = js
+        .create_stream(stream::Config {
+            name: config.stream.clone(),
+            subjects: vec![config.subject.clone()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    s.create_consumer(consumer::pull::Config {
+        durable_name: Some(config.consumer.clone()),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ack_wait: ACK_WAIT,
+        max_deliver: 10,
+        backoff: vec![Duration::from_secs(1), Duration::from_secs(5)],
+        filter_subject: config.subject.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let m = config_error(NatsQueue::with_client(client, config).await);
+    assert!(m.contains("backoff"), "{m}");
+}
+
+#[tokio::test]
+async fn a_consumer_with_another_ack_wait_is_refused() {
+    let Some((client, prefix, _guard)) = setup().await else {
+        return;
+    };
+    NatsQueue::with_client(
+        client.clone(),
+        NatsConfig::new(nats_url(), &prefix, ACK_WAIT),
+    )
+    .await
+    .unwrap();
+    let other = NatsConfig::new(nats_url(), &prefix, Duration::from_secs(30));
+    let m = config_error(NatsQueue::with_client(client, other).await);
+    assert!(m.contains("ack_wait"), "{m}");
+}
+
+#[tokio::test]
+async fn a_stream_that_is_not_a_work_queue_is_refused() {
+    let Some((client, prefix, _guard)) = setup().await else {
+        return;
+    };
+    let config = NatsConfig::new(nats_url(), &prefix, ACK_WAIT);
+    jetstream::new(client.clone())
+        .create_stream(stream::Config {
+            name: config.stream.clone(),
+            subjects: vec![config.subject.clone()],
+            retention: stream::RetentionPolicy::Limits,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let m = config_error(NatsQueue::with_client(client, config).await);
+    assert!(m.contains("retention"), "{m}");
+}
+
+#[tokio::test]
+async fn a_renotify_of_the_same_event_is_not_swallowed() {
+    let Some((client, prefix, _guard)) = setup().await else {
+        return;
+    };
+    let q = NatsQueue::with_client(client, NatsConfig::new(nats_url(), &prefix, ACK_WAIT))
+        .await
+        .unwrap();
+    let p = note();
+    q.publish(std::slice::from_ref(&p)).await.unwrap();
+    q.publish(std::slice::from_ref(&p)).await.unwrap();
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        let more = tokio::time::timeout(Duration::from_secs(5), q.receive(10))
+            .await
+            .expect("both notifications")
+            .unwrap();
+        got.extend(more);
+    }
+    assert_eq!(got.len(), 2);
+    assert!(q.durable());
+    assert_eq!(q.max_delay(), None);
+}
+
+/// A nats-server of this test's own, on a free port, stopped on drop.
+struct OwnServer {
+    child: std::process::Child,
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_server(port: u16, dir: &std::path::Path) -> std::io::Result<OwnServer> {
+    let child = std::process::Command::new("nats-server")
+        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+        .arg(dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    Ok(OwnServer { child })
+}
+
+async fn wait_port(port: u16) {
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("nats-server did not open port {port}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receive_survives_a_server_restart() {
+    let test = test_name();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let dir = std::env::temp_dir().join(format!("herald-nats-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let server = match start_server(port, &dir) {
+        Ok(s) => s,
+        Err(e) => {
+            unreachable(
+                &test,
+                "a nats-server of its own",
+                &format!("cannot run nats-server: {e}"),
+            );
+            let _ = std::fs::remove_dir_all(&dir);
+            return;
+        }
+    };
+    wait_port(port).await;
+    let url = format!("nats://127.0.0.1:{port}");
+    let q = std::sync::Arc::new(
+        NatsQueue::connect(NatsConfig::new(&url, "restart", ACK_WAIT))
+            .await
+            .unwrap(),
+    );
+    let p = note();
+    q.publish(std::slice::from_ref(&p)).await.unwrap();
+    drop(server);
+    // A receive that starts while the server is down.
+    let r = tokio::spawn({
+        let q = q.clone();
+        async move { q.receive(1).await }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let _server = start_server(port, &dir).unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(30), r)
+        .await
+        .expect("a delivery after the restart")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        Notification::decode(&got[0].payload).unwrap(),
+        p.notification
+    );
+    q.ack(&[got[0].tag.clone()]).await.unwrap();
+    // And publishing works again too.
+    let p2 = note();
+    q.publish(std::slice::from_ref(&p2)).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), q.receive(1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        Notification::decode(&got[0].payload).unwrap(),
+        p2.notification
+    );
+    drop(_server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A confirmed ack of a delivery that was already acked still gets its
+/// confirmation (a late duplicate answer is not an error).
+#[tokio::test]
+async fn acking_twice_is_confirmed() {
+    let Some((client, prefix, _guard)) = setup().await else {
+        return;
+    };
+    let q = NatsQueue::with_client(client, NatsConfig::new(nats_url(), &prefix, ACK_WAIT))
+        .await
+        .unwrap();
+    q.publish(&[note()]).await.unwrap();
+    let got = q.receive(1).await.unwrap();
+    q.ack(&[got[0].tag.clone()]).await.unwrap();
+    q.ack(&[got[0].tag.clone()]).await.unwrap();
+}
