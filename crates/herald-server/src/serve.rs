@@ -27,7 +27,7 @@ use herald_sqlite::SqliteStore;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
-pub use config::{ConfigError, ServeConfig, StoreLocation};
+pub use config::{ConfigError, QueueLocation, ServeConfig, StoreLocation};
 
 /// Options of `herald serve`. Each flag overrides the config file and the
 /// environment.
@@ -67,6 +67,14 @@ pub enum ServeError {
     /// The store could not be opened.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The queue could not be reached or is misconfigured.
+    #[error("queue {location}: {error}")]
+    Queue {
+        /// The queue's URL.
+        location: String,
+        /// What went wrong.
+        error: herald::QueueError,
+    },
     /// The metrics recorder could not be installed.
     #[error(transparent)]
     Telemetry(#[from] telemetry::TelemetryError),
@@ -158,7 +166,23 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
         reason,
     })?;
 
-    let queue = Arc::new(MemoryQueue::new(config.worker.lease));
+    let queue: Arc<dyn Queue> = match &config.queue {
+        QueueLocation::Memory => Arc::new(MemoryQueue::new(config.worker.lease)),
+        // AckWait = the lease: an unanswered notification comes back when
+        // its run's lease would have lapsed.
+        QueueLocation::Nats(url) => Arc::new(
+            herald_nats::NatsQueue::connect(herald_nats::NatsConfig::new(
+                url.clone(),
+                &config.nats_stream,
+                config.worker.lease,
+            ))
+            .await
+            .map_err(|error| ServeError::Queue {
+                location: url.clone(),
+                error,
+            })?,
+        ),
+    };
     let tracker = Arc::new(recent::Tracker::default());
     let mut builder = Worker::builder(store.clone(), queue.clone())
         .config(config.worker.clone())

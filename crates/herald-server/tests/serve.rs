@@ -16,6 +16,7 @@ const HERALD_ENV: &[&str] = &[
     "HERALD_STORE",
     "HERALD_PG_SCHEMA",
     "HERALD_QUEUE",
+    "HERALD_NATS_STREAM",
     "HERALD_LISTEN",
     "HERALD_MAX_PAYLOAD_BYTES",
     "HERALD_MAX_REQUEST_BYTES",
@@ -527,4 +528,56 @@ async fn a_second_signal_cancels_running_commands_at_once() {
         .expect("kept");
     assert_eq!(event.state, herald::EventState::Pending);
     assert_eq!((event.attempt, event.lease), (0, None));
+}
+
+/// `queue = "nats://…"`: the same run as on the in-process queue, with the
+/// notifications going through NATS JetStream.
+#[tokio::test]
+async fn serve_on_nats_emits_runs_reports_and_stops_on_sigterm() {
+    let url = herald_nats::testing::nats_url();
+    if let Err(e) = herald_nats::testing::connect().await {
+        herald_nats::testing::unreachable(
+            "serve_on_nats_emits_runs_reports_and_stops_on_sigterm",
+            &url,
+            &e,
+        );
+        return;
+    }
+    let stream = herald_nats::testing::TestStream::adopt(herald_nats::testing::random_prefix());
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("herald.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+store = "sqlite://{}"
+queue = "{url}"
+nats_stream = "{}"
+listen = "127.0.0.1:0"
+[worker]
+concurrency = 8
+lease = "5s"
+shutdown_grace = "5s"
+[auth]
+operator_token_sha256 = "{}"
+[auth.tenants]
+acme = "{}"
+"#,
+            dir.path().join("events.db").display(),
+            stream.name(),
+            sha256_hex(OP_TOKEN),
+            sha256_hex(ACME_TOKEN)
+        ),
+    )
+    .unwrap();
+    let mut cmd = herald(dir.path());
+    cmd.args(["serve", "--config"])
+        .arg(&config)
+        .args(["--noop-handler", "work"]);
+    let mut s = Server::start(cmd);
+    emit_and_watch(&s, Some(ACME_TOKEN), Some(OP_TOKEN)).await;
+    s.signal("-TERM");
+    let status = s.wait(Duration::from_secs(20));
+    assert!(status.success(), "exit {status}; stderr:\n{}", s.stderr());
+    drop(stream);
 }

@@ -132,6 +132,18 @@ impl AuthConfig {
     }
 }
 
+/// Where notifications travel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum QueueLocation {
+    /// The in-process queue (one process).
+    Memory,
+    /// NATS JetStream at this URL (many worker processes).
+    Nats(String),
+}
+
+/// The default NATS stream name.
+pub const DEFAULT_NATS_STREAM: &str = "herald";
+
 /// `herald serve`'s configuration, checked and with defaults applied.
 #[derive(Clone, Debug)]
 pub struct ServeConfig {
@@ -139,6 +151,10 @@ pub struct ServeConfig {
     pub store: StoreLocation,
     /// The PostgreSQL schema herald's tables are in.
     pub pg_schema: String,
+    /// The queue.
+    pub queue: QueueLocation,
+    /// The NATS stream (and subject prefix) of the notifications.
+    pub nats_stream: String,
     /// The HTTP API's address.
     pub listen: SocketAddr,
     /// The largest payload, in bytes of JSON text.
@@ -176,6 +192,7 @@ struct FileConfig {
     store: Option<String>,
     pg_schema: Option<String>,
     queue: Option<String>,
+    nats_stream: Option<String>,
     listen: Option<String>,
     max_payload_bytes: Option<u64>,
     max_request_bytes: Option<u64>,
@@ -262,6 +279,7 @@ const ENV_KEYS: &[(&str, &str, Kind)] = &[
     ("HERALD_STORE", "store", Kind::Text),
     ("HERALD_PG_SCHEMA", "pg_schema", Kind::Text),
     ("HERALD_QUEUE", "queue", Kind::Text),
+    ("HERALD_NATS_STREAM", "nats_stream", Kind::Text),
     ("HERALD_LISTEN", "listen", Kind::Text),
     (
         "HERALD_MAX_PAYLOAD_BYTES",
@@ -481,14 +499,32 @@ fn resolve(raw: FileConfig, origins: &Origins) -> Result<ServeConfig, ConfigErro
     let pg_schema = raw
         .pg_schema
         .unwrap_or_else(|| herald_postgres::DEFAULT_SCHEMA.to_string());
-    match raw.queue.as_deref().unwrap_or("memory") {
-        "memory" => {}
+    let queue = match raw.queue.as_deref().unwrap_or("memory") {
+        "memory" => QueueLocation::Memory,
+        url if url.starts_with("nats://") || url.starts_with("tls://") => {
+            QueueLocation::Nats(url.to_string())
+        }
         other => {
             return Err(err(
                 "queue",
-                format!("{other:?} is not a queue this build has; the only one is \"memory\" (the in-process queue)"),
+                format!("{other:?} is not a queue this build has; write \"memory\" (the in-process queue) or a NATS URL like \"nats://127.0.0.1:4222\""),
             ))
         }
+    };
+    let nats_stream = raw
+        .nats_stream
+        .unwrap_or_else(|| DEFAULT_NATS_STREAM.to_string());
+    if nats_stream.is_empty()
+        || !nats_stream
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        return Err(err(
+            "nats_stream",
+            format!(
+                "{nats_stream:?} is not a usable stream name; use letters, digits, '_' and '-'"
+            ),
+        ));
     }
     let listen_text = raw.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
     let listen: SocketAddr = listen_text.trim().parse().map_err(|_| {
@@ -600,6 +636,8 @@ fn resolve(raw: FileConfig, origins: &Origins) -> Result<ServeConfig, ConfigErro
     Ok(ServeConfig {
         store,
         pg_schema,
+        queue,
+        nats_stream,
         listen,
         max_payload_bytes,
         max_request_bytes,
@@ -853,8 +891,8 @@ mod tests {
                 "listen: \"localhost\" is not an IP address and port",
             ),
             (
-                "queue = \"nats://x\"",
-                "queue: \"nats://x\" is not a queue this build has",
+                "queue = \"kafka://x\"",
+                "queue: \"kafka://x\" is not a queue this build has",
             ),
             (
                 "store = \"mysql://x\"",
