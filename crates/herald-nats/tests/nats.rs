@@ -247,3 +247,42 @@ async fn acking_twice_is_confirmed() {
     q.ack(&[got[0].tag.clone()]).await.unwrap();
     q.ack(&[got[0].tag.clone()]).await.unwrap();
 }
+
+/// A delay longer than the consumer's AckWait: the message is not delivered
+/// early (the receiver naks it with the time left, and a nak's delay is not
+/// bounded by AckWait), and it is delivered once due.
+#[tokio::test]
+async fn a_delay_longer_than_the_ack_wait_is_kept() {
+    let Some((queue, _stream)) = herald_nats::testing::fresh_stream(
+        "a_delay_longer_than_the_ack_wait_is_kept",
+        Duration::from_secs(1),
+    )
+    .await
+    else {
+        return;
+    };
+    let note = Notification {
+        tenant: "acme".into(),
+        event_id: EventId::new(),
+    };
+    let start = std::time::Instant::now();
+    queue
+        .publish(&[Publish {
+            notification: note.clone(),
+            delay: Duration::from_secs(3),
+        }])
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(15), queue.receive(10))
+        .await
+        .expect("delivered once due")
+        .unwrap();
+    let waited = start.elapsed();
+    assert_eq!(got.len(), 1);
+    assert_eq!(Notification::decode(&got[0].payload).unwrap(), note);
+    assert!(
+        waited >= Duration::from_millis(2900),
+        "delivered after {waited:?}, before its delay of 3 s"
+    );
+    queue.ack(&[got[0].tag.clone()]).await.unwrap();
+}
