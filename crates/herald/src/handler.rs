@@ -16,7 +16,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::model::EventId;
+use crate::model::{EventId, LeaseToken};
 
 /// How a run ended, from the handler's point of view.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -141,6 +141,10 @@ pub struct Context {
     pub attempt: u32,
     /// The attempt limit.
     pub max_attempts: u32,
+    /// This run's lease token: unique per claim, so a handler can tell two
+    /// runs of one event apart (for example to make its side effects
+    /// idempotent per run, or to keep a ledger of runs).
+    pub lease_token: LeaseToken,
     cancel: CancellationToken,
 }
 
@@ -151,6 +155,7 @@ impl Context {
         handler: String,
         attempt: u32,
         max_attempts: u32,
+        lease_token: LeaseToken,
         cancel: CancellationToken,
     ) -> Self {
         Context {
@@ -159,6 +164,7 @@ impl Context {
             handler,
             attempt,
             max_attempts,
+            lease_token,
             cancel,
         }
     }
@@ -301,6 +307,7 @@ mod tests {
             "h".into(),
             1,
             3,
+            LeaseToken::new(),
             CancellationToken::new(),
         );
         let out = h.call(r#"{"n":"seven"}"#, cx).await;

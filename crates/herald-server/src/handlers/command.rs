@@ -10,6 +10,7 @@
 //! | `HERALD_HANDLER` | the handler name |
 //! | `HERALD_ATTEMPT` | this attempt, from 1 |
 //! | `HERALD_MAX_ATTEMPTS` | the attempt limit |
+//! | `HERALD_LEASE_TOKEN` | this run's lease token (unique per run of the event) |
 //!
 //! stdout is discarded; the last 2 KiB of stderr are kept for the event's
 //! error.
@@ -202,7 +203,8 @@ impl CommandHandler {
             .env("HERALD_TENANT", &meta.tenant)
             .env("HERALD_HANDLER", &meta.handler)
             .env("HERALD_ATTEMPT", meta.attempt.to_string())
-            .env("HERALD_MAX_ATTEMPTS", meta.max_attempts.to_string());
+            .env("HERALD_MAX_ATTEMPTS", meta.max_attempts.to_string())
+            .env("HERALD_LEASE_TOKEN", &meta.lease_token);
         let mut child = match command.spawn() {
             Ok(child) => child,
             Err(e) => return Outcome::retry(format!("cannot start command {}: {e}", self.program)),
@@ -475,6 +477,7 @@ pub(crate) mod tests {
             handler: "resize".into(),
             attempt: 3,
             max_attempts: 7,
+            lease_token: herald::LeaseToken::new().0.to_string(),
         }
     }
 
@@ -568,8 +571,8 @@ pub(crate) mod tests {
         assert_eq!(
             std::fs::read_to_string(dir.path().join("env")).unwrap(),
             format!(
-                "HERALD_ATTEMPT=3\nHERALD_EVENT_ID={}\nHERALD_HANDLER=resize\nHERALD_MAX_ATTEMPTS=7\nHERALD_TENANT=acme\n",
-                meta.event_id
+                "HERALD_ATTEMPT=3\nHERALD_EVENT_ID={}\nHERALD_HANDLER=resize\nHERALD_LEASE_TOKEN={}\nHERALD_MAX_ATTEMPTS=7\nHERALD_TENANT=acme\n",
+                meta.event_id, meta.lease_token
             )
         );
     }

@@ -215,6 +215,7 @@ pub(crate) struct EventMeta {
     pub handler: String,
     pub attempt: u32,
     pub max_attempts: u32,
+    pub lease_token: String,
 }
 
 impl From<&herald::Context> for EventMeta {
@@ -225,6 +226,7 @@ impl From<&herald::Context> for EventMeta {
             handler: cx.handler.clone(),
             attempt: cx.attempt,
             max_attempts: cx.max_attempts,
+            lease_token: cx.lease_token.0.to_string(),
         }
     }
 }

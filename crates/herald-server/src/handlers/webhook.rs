@@ -6,6 +6,7 @@
 //! POST <url>
 //! Content-Type: application/json
 //! Herald-Event-Id: 0190f5c2-…
+//! Herald-Lease-Token: 5d1c9a3e-…
 //! Herald-Timestamp: 1718900000
 //! Herald-Signature: v1=5d2f…
 //!
@@ -222,6 +223,7 @@ impl WebhookHandler {
             .post(self.url.clone())
             .header(CONTENT_TYPE, "application/json")
             .header("Herald-Event-Id", &meta.event_id)
+            .header("Herald-Lease-Token", &meta.lease_token)
             .header("Herald-Timestamp", timestamp.to_string())
             .header("Herald-Signature", signature(&self.key, timestamp, &body))
             .body(body);
@@ -506,6 +508,7 @@ pub(crate) mod tests {
             handler: "send_email".into(),
             attempt: 2,
             max_attempts: 10,
+            lease_token: herald::LeaseToken::new().0.to_string(),
         }
     }
 
@@ -538,6 +541,7 @@ pub(crate) mod tests {
         let r = &got[0];
         assert_eq!(r.header("content-type"), "application/json");
         assert_eq!(r.header("herald-event-id"), meta.event_id);
+        assert_eq!(r.header("herald-lease-token"), meta.lease_token);
         let ts = r.header("herald-timestamp");
         assert!(ts.parse::<u64>().unwrap().abs_diff(unix_now()) <= 5, "{ts}");
         let sig = r.header("herald-signature");

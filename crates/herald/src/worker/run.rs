@@ -65,6 +65,7 @@ pub(super) fn start(
             event.handler.clone(),
             event.attempt,
             event.max_attempts,
+            token,
             cancel.clone(),
         );
         let end = match handler {
