@@ -2,71 +2,30 @@
 //! temporary SQLite store with tokens, driven by `herald emit`, `events`,
 //! `pause`/`unpause`/`block`/`unblock` and `stats`, exit statuses included.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+mod common;
 
-/// The variables `herald` reads: a test must not inherit them.
-const HERALD_ENV: &[&str] = &[
-    "HERALD_CONFIG",
-    "HERALD_STORE",
-    "HERALD_PG_SCHEMA",
-    "HERALD_QUEUE",
-    "HERALD_LISTEN",
-    "HERALD_OPERATOR_TOKEN_SHA256",
-    "HERALD_URL",
-    "HERALD_TOKEN",
-];
+use common::{sha256_hex, Server};
+use serde_json::Value;
 
 const OP_TOKEN: &str = "op-token";
 const ACME_TOKEN: &str = "acme-token";
 
-fn sha256_hex(token: &str) -> String {
-    let mut child = Command::new("sha256sum")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("run sha256sum");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(token.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    String::from_utf8(out.stdout).unwrap()[..64].to_string()
-}
+use common::herald;
 
-fn herald(dir: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_herald"));
-    c.current_dir(dir);
-    for v in HERALD_ENV {
-        c.env_remove(v);
-    }
-    c
-}
-
-/// A running `herald serve`, killed on drop.
-struct Server {
-    child: Child,
-    base: String,
-    stderr: Arc<Mutex<String>>,
-}
-
-impl Server {
-    /// Starts it on a random port with an operator token, a tenant token
-    /// for `acme`, a no-op handler `work` and a command handler `fail`
-    /// that fails for good. Handler `held` is not run here: its events stay.
-    fn start(dir: &Path) -> Server {
-        let config = dir.join("herald.toml");
-        std::fs::write(
-            &config,
-            format!(
-                r#"
+/// Starts `herald serve` on a random port with an operator token, a tenant token
+/// for `acme`, a no-op handler `work` and a command handler `fail`
+/// that fails for good. Handler `held` is not run here: its events stay.
+fn start_server(dir: &Path) -> Server {
+    let config = dir.join("herald.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
 store = "sqlite://{}"
 listen = "127.0.0.1:0"
 [worker]
@@ -82,69 +41,18 @@ program = "/bin/sh"
 args = ["-c", "echo broken >&2; exit 3"]
 fail_exit_code = 3
 "#,
-                dir.join("events.db").display(),
-                sha256_hex(OP_TOKEN),
-                sha256_hex(ACME_TOKEN)
-            ),
-        )
-        .unwrap();
-        let mut child = herald(dir)
-            .args(["serve", "--config"])
-            .arg(&config)
-            .args(["--noop-handler", "work"])
-            .env("HERALD_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start herald serve");
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let mut err = child.stderr.take().unwrap();
-        let sink = stderr.clone();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = err.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = match lines.next() {
-            Some(Ok(l)) => l,
-            _ => {
-                let status = child.wait().unwrap();
-                std::thread::sleep(Duration::from_millis(100));
-                panic!(
-                    "herald serve printed nothing ({status}); stderr:\n{}",
-                    stderr.lock().unwrap()
-                );
-            }
-        };
-        std::thread::spawn(move || for _ in lines {});
-        let base = first
-            .split("listening on ")
-            .nth(1)
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap_or_else(|| panic!("no address in {first:?}"))
-            .to_string();
-        Server {
-            child,
-            base,
-            stderr,
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
+            dir.join("events.db").display(),
+            sha256_hex(OP_TOKEN),
+            sha256_hex(ACME_TOKEN)
+        ),
+    )
+    .unwrap();
+    let mut cmd = herald(dir);
+    cmd.args(["serve", "--config"])
+        .arg(&config)
+        .args(["--noop-handler", "work"])
+        .env("HERALD_LOG", "info");
+    Server::start(cmd)
 }
 
 /// What one CLI run did.
@@ -247,7 +155,7 @@ impl Cli<'_> {
             assert!(
                 start.elapsed() < Duration::from_secs(30),
                 "event {id} not {state}: {e}\nserver stderr:\n{}",
-                self.server.stderr.lock().unwrap()
+                self.server.stderr()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -264,7 +172,7 @@ fn data_rows(table: &str) -> Vec<&str> {
 #[test]
 fn every_command_against_a_real_server() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
+    let server = start_server(dir.path());
     let cli = Cli {
         dir: dir.path(),
         server: &server,

@@ -8,19 +8,17 @@
 //! `./test.sh` installs them. Without them the test says SKIPPED, and fails
 //! when `CI=true`.
 
-use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{sha256_hex, Server};
 use serde_json::{json, Value};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 const OP_TOKEN: &str = "op-token-for-the-dashboard";
-
-/// The variables `herald serve` reads: the test must not inherit them.
-const HERALD_ENV_PREFIX: &str = "HERALD_";
 
 fn browser_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser")
@@ -57,95 +55,14 @@ fn skip(test: &str, why: &str) {
     }
 }
 
-fn sha256_hex(token: &str) -> String {
-    use std::io::Write;
-    let mut child = Command::new("sha256sum")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("run sha256sum");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(token.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    String::from_utf8(out.stdout).unwrap()[..64].to_string()
-}
-
-/// A running `herald serve`, killed on drop.
-struct Server {
-    child: Child,
-    base: String,
-    stderr: Arc<Mutex<String>>,
-}
-
-impl Server {
-    fn start(dir: &Path, config: &Path) -> Server {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
-        cmd.current_dir(dir);
-        for (k, _) in std::env::vars() {
-            if k.starts_with(HERALD_ENV_PREFIX) {
-                cmd.env_remove(k);
-            }
-        }
-        cmd.env("HERALD_LOG", "info")
-            .args(["serve", "--config"])
-            .arg(config)
-            .args(["--noop-handler", "work"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("start herald serve");
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let mut err = child.stderr.take().unwrap();
-        let sink = stderr.clone();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = err.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let Some(Ok(first)) = lines.next() else {
-            let status = child.wait().unwrap();
-            std::thread::sleep(Duration::from_millis(100));
-            panic!(
-                "herald serve printed nothing ({status}); stderr:\n{}",
-                stderr.lock().unwrap()
-            );
-        };
-        std::thread::spawn(move || for _ in lines {});
-        let base = first
-            .split("listening on ")
-            .nth(1)
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap_or_else(|| panic!("no address in {first:?}"))
-            .to_string();
-        Server {
-            child,
-            base,
-            stderr,
-        }
-    }
-
-    fn stderr(&self) -> String {
-        self.stderr.lock().unwrap().clone()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
+/// `herald serve` with `config`, a no-op handler `work`, and logs at info.
+fn start_server(dir: &Path, config: &Path) -> Server {
+    let mut cmd = common::herald(dir);
+    cmd.env("HERALD_LOG", "info")
+        .args(["serve", "--config"])
+        .arg(config)
+        .args(["--noop-handler", "work"]);
+    Server::start(cmd)
 }
 
 async fn call(
@@ -198,7 +115,7 @@ fail_exit_code = 3
         ),
     )
     .unwrap();
-    let s = Server::start(dir.path(), &config);
+    let s = start_server(dir.path(), &config);
 
     // The page and its assets need no token.
     for (path, kind) in [

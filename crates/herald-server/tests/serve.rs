@@ -1,174 +1,25 @@
 //! `herald serve` through the real binary: a random port, a temporary
 //! store, HTTP requests, `/v1/stats` and `/metrics`, and SIGTERM.
 
-use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{sha256_hex, Server};
 use herald_postgres::testing::{database_url, reachable, unreachable, TestSchema};
 use serde_json::{json, Value};
-
-/// The variables `herald serve` reads: a test must not inherit them.
-const HERALD_ENV: &[&str] = &[
-    "HERALD_CONFIG",
-    "HERALD_STORE",
-    "HERALD_PG_SCHEMA",
-    "HERALD_QUEUE",
-    "HERALD_NATS_STREAM",
-    "HERALD_LISTEN",
-    "HERALD_MAX_PAYLOAD_BYTES",
-    "HERALD_MAX_REQUEST_BYTES",
-    "HERALD_MAX_BATCH",
-    "HERALD_OPERATOR_TOKEN_SHA256",
-    "HERALD_WORKER_CONCURRENCY",
-    "HERALD_WORKER_BATCH",
-    "HERALD_WORKER_LEASE",
-    "HERALD_WORKER_SWEEP_EVERY",
-    "HERALD_WORKER_SWEEP_QUIET",
-    "HERALD_WORKER_DEAD_RETENTION",
-    "HERALD_WORKER_DONE_RETENTION",
-    "HERALD_WORKER_RECONCILE",
-    "HERALD_WORKER_NAME",
-    "HERALD_WORKER_SHUTDOWN_GRACE",
-    "HERALD_WORKER_RETRY_BASE",
-    "HERALD_WORKER_RETRY_MAX",
-    "HERALD_WORKER_RETRY_FACTOR",
-    "HERALD_WORKER_RETRY_JITTER",
-];
 
 /// API tokens; the config holds their SHA-256.
 const OP_TOKEN: &str = "op-token";
 const ACME_TOKEN: &str = "acme-token";
 
-fn sha256_hex(token: &str) -> String {
-    // `sha256sum` is on every machine that runs these tests (coreutils).
-    let mut child = Command::new("sha256sum")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("run sha256sum");
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(token.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    String::from_utf8(out.stdout).unwrap()[..64].to_string()
-}
-
+/// `herald` with its logs at info, for the assertions on stderr.
 fn herald(dir: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_herald"));
-    c.current_dir(dir);
-    for v in HERALD_ENV {
-        c.env_remove(v);
-    }
+    let mut c = common::herald(dir);
     c.env("HERALD_LOG", "info");
     c
-}
-
-/// A running `herald serve`.
-struct Server {
-    child: Child,
-    base: String,
-    stderr: Arc<Mutex<String>>,
-}
-
-impl Server {
-    /// Starts it and waits for its "listening on" line.
-    fn start(mut cmd: Command) -> Server {
-        let mut child = cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start herald serve");
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let mut err = child.stderr.take().unwrap();
-        let sink = stderr.clone();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = err.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = match lines.next() {
-            Some(Ok(l)) => l,
-            _ => {
-                let status = child.wait().unwrap();
-                std::thread::sleep(Duration::from_millis(100));
-                panic!(
-                    "herald serve printed nothing ({status}); stderr:\n{}",
-                    stderr.lock().unwrap()
-                );
-            }
-        };
-        std::thread::spawn(move || for _ in lines {});
-        let base = first
-            .split("listening on ")
-            .nth(1)
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap_or_else(|| panic!("no address in {first:?}"))
-            .to_string();
-        Server {
-            child,
-            base,
-            stderr,
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .args([sig, &self.child.id().to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill {sig} failed");
-    }
-
-    /// Waits for the process to exit.
-    fn wait(&mut self, limit: Duration) -> ExitStatus {
-        let start = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                std::thread::sleep(Duration::from_millis(50));
-                return status;
-            }
-            if start.elapsed() > limit {
-                let _ = self.child.kill();
-                panic!(
-                    "herald serve did not exit within {limit:?}; stderr:\n{}",
-                    self.stderr()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn stderr(&self) -> String {
-        self.stderr.lock().unwrap().clone()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
 }
 
 async fn get(s: &Server, path: &str, token: Option<&str>) -> (u16, Value, String) {
