@@ -30,41 +30,12 @@ pub fn nats_url() -> String {
         .unwrap_or_else(|| DEFAULT_URL.to_string())
 }
 
-/// Whether this is a CI run (`CI=true`), where NATS must be there.
-pub fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
-}
+pub use herald::testkit::{in_ci, test_name};
 
-/// The running test's name: libtest names each test's thread after it.
-pub fn test_name() -> String {
-    std::thread::current()
-        .name()
-        .filter(|n| *n != "main")
-        .unwrap_or("<unnamed test>")
-        .to_string()
-}
-
-/// Writes a line to the real stderr: libtest captures `eprintln!` of a
-/// passing test (and loses it on `exit`), but not a direct write.
-fn loud(line: &str) {
-    use std::io::Write;
-    let mut err = std::io::stderr().lock();
-    let _ = writeln!(err, "{line}");
-    let _ = err.flush();
-}
-
-/// Says loudly that `test` can't reach NATS: a skip, or with `CI=true` a
-/// failure (panics).
+/// Says loudly that `test` can't reach NATS: a skip, or with
+/// `CI=true` a failure (panics).
 pub fn unreachable(test: &str, url: &str, error: &dyn std::fmt::Display) {
-    if in_ci() {
-        panic!(
-            "FAILED {test}: NATS unreachable at {url}: {error} \
-             (CI=true: the NATS tests must run)"
-        );
-    }
-    loud(&format!(
-        "SKIPPED {test}: NATS unreachable at {url}: {error}"
-    ));
+    herald::testkit::service_unreachable("NATS", test, url, error);
 }
 
 /// Connects to the test server with JetStream, once per call; `Err` when it

@@ -30,42 +30,12 @@ pub fn database_url() -> String {
         .unwrap_or_else(|| DEFAULT_URL.to_string())
 }
 
-/// Whether this is a CI run (`CI=true`), where PostgreSQL must be there.
-pub fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
-}
-
-/// The running test's name: libtest names each test's thread after it.
-pub fn test_name() -> String {
-    std::thread::current()
-        .name()
-        .filter(|n| *n != "main")
-        .unwrap_or("<unnamed test>")
-        .to_string()
-}
-
-/// Writes a line to the real stderr: libtest captures `eprintln!` of a
-/// passing test (and loses it on `exit`), but not a direct write.
-fn loud(line: &str) {
-    use std::io::Write;
-    let mut err = std::io::stderr().lock();
-    let _ = writeln!(err, "{line}");
-    let _ = err.flush();
-}
+pub use herald::testkit::{in_ci, test_name};
 
 /// Says loudly that `test` can't reach PostgreSQL: a skip, or with
 /// `CI=true` a failure (panics).
 pub fn unreachable(test: &str, url: &str, error: &dyn std::fmt::Display) {
-    let url = crate::schema::redact(url);
-    if in_ci() {
-        panic!(
-            "FAILED {test}: PostgreSQL unreachable at {url}: {error} \
-             (CI=true: the PostgreSQL tests must run)"
-        );
-    }
-    loud(&format!(
-        "SKIPPED {test}: PostgreSQL unreachable at {url}: {error}"
-    ));
+    herald::testkit::service_unreachable("PostgreSQL", test, &crate::schema::redact(url), error);
 }
 
 /// Whether the test database answers, asked once per process (a refused

@@ -57,6 +57,39 @@ impl Fixture for Option<TestStore> {
     }
 }
 
+/// Whether this is a CI run (`CI=true`), where every service must be there.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
+}
+
+/// The running test's name: libtest names each test's thread after it.
+pub fn test_name() -> String {
+    std::thread::current()
+        .name()
+        .filter(|n| *n != "main")
+        .unwrap_or("<unnamed test>")
+        .to_string()
+}
+
+/// Says loudly that `test` can't reach `service` at `url`: a skip outside
+/// CI, a failure (panic) with `CI=true`. The SKIPPED line goes straight to
+/// the process's stderr, which libtest does not capture.
+pub fn service_unreachable(service: &str, test: &str, url: &str, error: &dyn std::fmt::Display) {
+    if in_ci() {
+        panic!(
+            "FAILED {test}: {service} unreachable at {url}: {error} \
+             (CI=true: the {service} tests must run)"
+        );
+    }
+    use std::io::Write;
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(
+        err,
+        "SKIPPED {test}: {service} unreachable at {url}: {error}"
+    );
+    let _ = err.flush();
+}
+
 /// Polls `check` every 10 ms until it holds; panics with `what` after `within`.
 pub async fn eventually<F, Fut>(what: &str, within: Duration, mut check: F)
 where
