@@ -42,6 +42,9 @@ pub const NOT_BEFORE: &str = "Herald-Not-Before";
 /// How long one pull request waits for a message before asking again.
 const PULL_WAIT: Duration = Duration::from_secs(5);
 
+/// How long a confirmed ack waits for the server's answer.
+const ACK_CONFIRM: Duration = Duration::from_secs(5);
+
 /// How a [`NatsQueue`] names and configures its stream and consumer.
 #[derive(Clone, Debug)]
 pub struct NatsConfig {
@@ -222,9 +225,10 @@ impl NatsQueue {
         )))
     }
 
-    async fn answer(&self, tags: &[DeliveryTag], kind: impl Fn() -> AckKind) -> QueueResult<()> {
-        for tag in tags {
-            let payload: bytes::Bytes = kind().into();
+    /// Sends unconfirmed answers (nak, in-progress, term), then one flush.
+    async fn answer(&self, answers: Vec<(&DeliveryTag, AckKind)>) -> QueueResult<()> {
+        for (tag, kind) in answers {
+            let payload: bytes::Bytes = kind.into();
             self.client
                 .publish(tag.0.clone(), payload)
                 .await
@@ -419,13 +423,46 @@ fn check_consumer(config: &NatsConfig, got: &consumer::Config) -> QueueResult<()
 impl Queue for NatsQueue {
     async fn publish(&self, batch: &[Publish]) -> QueueResult<()> {
         let ms = unix_ms(SystemTime::now());
-        for p in batch {
-            let n = self.generation.fetch_add(1, Ordering::Relaxed);
-            let id = format!(
-                "{}:{}:{ms}-{n}",
-                p.notification.tenant, p.notification.event_id
-            );
-            self.publish_one(p.notification.encode(), p.delay, id)
+        let messages: Vec<(Vec<u8>, Duration, String)> = batch
+            .iter()
+            .map(|p| {
+                let n = self.generation.fetch_add(1, Ordering::Relaxed);
+                let id = format!(
+                    "{}:{}:{ms}-{n}",
+                    p.notification.tenant, p.notification.event_id
+                );
+                (p.notification.encode(), p.delay, id)
+            })
+            .collect();
+        // Pipelined: every message is sent before any acknowledgement is
+        // awaited, so a batch costs about one round trip, not one per message.
+        let mut sent = Vec::with_capacity(messages.len());
+        for (i, (payload, delay, id)) in messages.iter().enumerate() {
+            let ack = self
+                .js
+                .publish_with_headers(
+                    self.config.subject.clone(),
+                    self.headers(id, *delay),
+                    payload.clone().into(),
+                )
+                .await;
+            sent.push((i, ack));
+        }
+        let mut failed = Vec::new();
+        for (i, ack) in sent {
+            let landed = match ack {
+                Ok(ack) => ack.await.is_ok(),
+                Err(_) => false,
+            };
+            if !landed {
+                failed.push(i);
+            }
+        }
+        // What did not land is retried one by one with the same id: one that
+        // did land after all is dropped by the server's duplicate window.
+        for i in failed {
+            let (payload, delay, id) = &messages[i];
+            self.publish_one(payload.clone(), *delay, id.clone())
                 .await?;
         }
         Ok(())
@@ -443,41 +480,48 @@ impl Queue for NatsQueue {
     }
 
     async fn ack(&self, tags: &[DeliveryTag]) -> QueueResult<()> {
-        for tag in tags {
-            let reply = tokio::time::timeout(
-                Duration::from_secs(5),
-                self.client.request(tag.0.clone(), "+ACK".into()),
-            )
-            .await
-            .map_err(|_| backend("confirm an ack", "no answer within 5 s"))?
-            .map_err(|e| backend("confirm an ack", e))?;
-            if let Some(status) = reply.status {
-                if !status.is_success() {
-                    return Err(backend("confirm an ack", status));
+        // Confirmed acks, all in flight at once: a batch waits about one
+        // round trip for its confirmations.
+        let confirm = |tag: &DeliveryTag| {
+            let request = self.client.request(tag.0.clone(), "+ACK".into());
+            async move {
+                let reply = tokio::time::timeout(ACK_CONFIRM, request)
+                    .await
+                    .map_err(|_| backend("confirm an ack", "no answer within 5 s"))?
+                    .map_err(|e| backend("confirm an ack", e))?;
+                match reply.status {
+                    Some(status) if !status.is_success() => Err(backend("confirm an ack", status)),
+                    _ => Ok(()),
                 }
             }
-        }
+        };
+        futures::future::try_join_all(tags.iter().map(confirm)).await?;
         Ok(())
     }
 
     async fn nack(&self, batch: &[(DeliveryTag, Duration)]) -> QueueResult<()> {
-        for (tag, delay) in batch {
-            let kind = if delay.is_zero() {
-                AckKind::Nak(None)
-            } else {
-                AckKind::Nak(Some(*delay))
-            };
-            self.answer(std::slice::from_ref(tag), || kind).await?;
-        }
-        Ok(())
+        let naks = batch
+            .iter()
+            .map(|(tag, delay)| {
+                let kind = if delay.is_zero() {
+                    AckKind::Nak(None)
+                } else {
+                    AckKind::Nak(Some(*delay))
+                };
+                (tag, kind)
+            })
+            .collect();
+        self.answer(naks).await
     }
 
     async fn extend(&self, tags: &[DeliveryTag]) -> QueueResult<()> {
-        self.answer(tags, || AckKind::Progress).await
+        self.answer(tags.iter().map(|t| (t, AckKind::Progress)).collect())
+            .await
     }
 
     async fn terminate(&self, tags: &[DeliveryTag]) -> QueueResult<()> {
-        self.answer(tags, || AckKind::Term).await
+        self.answer(tags.iter().map(|t| (t, AckKind::Term)).collect())
+            .await
     }
 
     fn max_delay(&self) -> Option<Duration> {
