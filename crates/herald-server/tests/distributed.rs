@@ -1,0 +1,500 @@
+//! herald distributed, through the real binary: three `herald serve`
+//! workers on one PostgreSQL schema and one NATS JetStream stream, 20,000
+//! events, one worker SIGKILLed mid-run and the NATS server restarted once.
+//!
+//! Every run of the handler (a webhook served by this test) records itself
+//! in a ledger table: the event, the run's lease token, the worker that ran
+//! it, and when it started and ended. The assertions are read from the
+//! ledger, not from herald's own counters:
+//!
+//! - every event ran to completion, and the store holds nothing afterwards;
+//! - every run of an event had its own lease token;
+//! - an event ran more than once only if the killed worker started it
+//!   before the kill, and its next run started after the kill, and no
+//!   sooner than a lease after the earlier run began: no two runs of an
+//!   event overlapped under live leases.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+mod common;
+
+use axum::extract::{Path as UrlPath, State};
+use axum::http::{HeaderMap, StatusCode};
+use common::{herald, Server};
+use herald_postgres::testing::{connect_options, database_url, reachable, unreachable, TestSchema};
+use rand::Rng;
+use serde_json::{json, Value};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+
+const EVENTS: usize = 20_000;
+const BATCH: usize = 100;
+const WORKERS: usize = 3;
+/// The worker that is killed: never sent an emit, so no emit is lost with it.
+const VICTIM: usize = 2;
+const LEASE: Duration = Duration::from_secs(2);
+/// Kill the victim once this many runs have started; restart NATS at the second.
+const KILL_AT: u64 = 5_000;
+const NATS_RESTART_AT: u64 = 10_000;
+/// How long NATS stays down.
+const NATS_DOWN: Duration = Duration::from_secs(1);
+/// The whole run must finish within this, or the test fails saying how far it got.
+const LIMIT: Duration = Duration::from_secs(240);
+
+fn micros_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64
+}
+
+/// The ledger: one row per run, written by the webhook the workers call.
+#[derive(Clone)]
+struct Ledger {
+    pool: PgPool,
+    table: String,
+    started: Arc<AtomicU64>,
+}
+
+impl Ledger {
+    async fn create(pool: PgPool, schema: &str) -> Ledger {
+        let table = format!("{schema}.ledger");
+        sqlx::query(&format!("CREATE SCHEMA {schema}"))
+            .execute(&pool)
+            .await
+            .unwrap();
+        sqlx::query(&format!(
+            "CREATE TABLE {table} (
+                run bigserial PRIMARY KEY,
+                event_id text NOT NULL,
+                lease_token text NOT NULL,
+                worker int NOT NULL,
+                started_us bigint NOT NULL,
+                ended_us bigint
+            )"
+        ))
+        .execute(&pool)
+        .await
+        .unwrap();
+        Ledger {
+            pool,
+            table,
+            started: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    fn started(&self) -> u64 {
+        self.started.load(Ordering::Relaxed)
+    }
+
+    /// Runs of `worker` that have started and not ended.
+    async fn in_flight(&self, worker: usize) -> i64 {
+        sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {} WHERE worker = $1 AND ended_us IS NULL",
+            self.table
+        ))
+        .bind(worker as i32)
+        .fetch_one(&self.pool)
+        .await
+        .unwrap()
+    }
+}
+
+/// The handler: record the start, work 5–30 ms, record the end, answer 200.
+/// A worker killed mid-request leaves its run without an end.
+async fn run(
+    State(ledger): State<Ledger>,
+    UrlPath(worker): UrlPath<i32>,
+    headers: HeaderMap,
+) -> StatusCode {
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let (Some(id), Some(token)) = (header("herald-event-id"), header("herald-lease-token")) else {
+        return StatusCode::BAD_REQUEST;
+    };
+    if id.parse::<herald::EventId>().is_err() {
+        return StatusCode::BAD_REQUEST;
+    }
+    let run: i64 = match sqlx::query_scalar(&format!(
+        "INSERT INTO {} (event_id, lease_token, worker, started_us) VALUES ($1, $2, $3, $4) RETURNING run",
+        ledger.table
+    ))
+    .bind(id)
+    .bind(&token)
+    .bind(worker)
+    .bind(micros_now())
+    .fetch_one(&ledger.pool)
+    .await
+    {
+        Ok(run) => run,
+        // The test's own database trouble: herald retries, and the
+        // assertions will show an unexplained extra run.
+        Err(_) => return StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    ledger.started.fetch_add(1, Ordering::Relaxed);
+    let work = rand::thread_rng().gen_range(5..=30);
+    tokio::time::sleep(Duration::from_millis(work)).await;
+    match sqlx::query(&format!(
+        "UPDATE {} SET ended_us = $1 WHERE run = $2",
+        ledger.table
+    ))
+    .bind(micros_now())
+    .bind(run)
+    .execute(&ledger.pool)
+    .await
+    {
+        Ok(_) => StatusCode::OK,
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// Serves the ledger webhook on a free loopback port; returns its port.
+async fn serve_ledger(ledger: Ledger) -> u16 {
+    let app = axum::Router::new()
+        .route("/run/{worker}", axum::routing::post(run))
+        .with_state(ledger);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    port
+}
+
+/// `herald serve` for worker `n`: the same configuration as the others but
+/// for its webhook's path, which tells the ledger who ran what.
+fn worker(dir: &Path, n: usize, store: &str, schema: &str, nats: &str, ledger: u16) -> Server {
+    let config = dir.join(format!("worker{n}.toml"));
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+store = "{store}"
+pg_schema = "{schema}"
+queue = "{nats}"
+nats_stream = "herald_dist"
+listen = "127.0.0.1:0"
+max_batch = {BATCH}
+
+[worker]
+concurrency = 16
+lease = "{lease}ms"
+sweep_every = "500ms"
+sweep_quiet = "2s"
+shutdown_grace = "10s"
+
+[handlers.ledger]
+kind = "webhook"
+url = "http://127.0.0.1:{ledger}/run/{n}"
+secret = "distributed-test"
+timeout = "10s"
+"#,
+            lease = LEASE.as_millis(),
+        ),
+    )
+    .unwrap();
+    let mut cmd = herald(dir);
+    cmd.args(["serve", "--config"]).arg(&config);
+    Server::start(cmd)
+}
+
+/// Emits every event through the API of the workers that stay alive,
+/// batch by batch, and returns their ids. A batch refused for a reason
+/// other than an outage fails the test.
+async fn emit_all(bases: Vec<String>) -> Vec<String> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let mut ids = Vec::with_capacity(EVENTS);
+    for (b, start) in (0..EVENTS).step_by(BATCH).enumerate() {
+        let events: Vec<Value> = (start..start + BATCH)
+            .map(|n| json!({"tenant": "acme", "handler": "ledger", "payload": {"n": n}}))
+            .collect();
+        let base = &bases[b % bases.len()];
+        let response = http
+            .post(format!("{base}/v1/events/batch"))
+            .json(&json!({ "events": events }))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("emit batch {b} to {base}: {e}"));
+        let status = response.status();
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(status, 201, "emit batch {b} to {base}: {body}");
+        for r in body["results"].as_array().unwrap() {
+            ids.push(r["id"].as_str().unwrap().to_string());
+        }
+    }
+    ids
+}
+
+async fn stored_events(pool: &PgPool, schema: &str) -> i64 {
+    sqlx::query_scalar(&format!("SELECT count(*) FROM {schema}.events"))
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[derive(Debug)]
+struct Run {
+    event_id: String,
+    lease_token: String,
+    worker: i32,
+    started_us: i64,
+    ended_us: Option<i64>,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_workers_survive_a_sigkill_and_a_nats_restart_and_every_event_runs() {
+    let test = "three_workers_survive_a_sigkill_and_a_nats_restart_and_every_event_runs";
+    let db = database_url();
+    if let Err(e) = reachable().await {
+        unreachable(test, &db, &e);
+        return;
+    }
+    let mut nats = match OwnServer::start() {
+        Ok(n) => n,
+        Err(e) => {
+            herald_nats::testing::unreachable(test, "a nats-server of its own", &e);
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let schema = TestSchema::adopt(TestSchema::random_name());
+    let ledger_schema = TestSchema::adopt(TestSchema::random_name());
+    let migrate = herald(dir.path())
+        .args(["migrate", "--store", &db, "--schema", schema.name()])
+        .output()
+        .unwrap();
+    assert!(
+        migrate.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrate.stderr)
+    );
+    let pool = PgPoolOptions::new()
+        .max_connections(24)
+        .connect_with(connect_options())
+        .await
+        .unwrap();
+    let ledger = Ledger::create(pool.clone(), ledger_schema.name()).await;
+    let port = serve_ledger(ledger.clone()).await;
+
+    let mut workers: Vec<Server> = (0..WORKERS)
+        .map(|n| worker(dir.path(), n, &db, schema.name(), &nats.url(), port))
+        .collect();
+    let emit_to: Vec<String> = (0..WORKERS)
+        .filter(|n| *n != VICTIM)
+        .map(|n| workers[n].base.clone())
+        .collect();
+    let begun = Instant::now();
+    let emitter = tokio::spawn(emit_all(emit_to));
+
+    // The kill: once enough has run, and while the victim is mid-handler.
+    while ledger.started() < KILL_AT || ledger.in_flight(VICTIM).await == 0 {
+        assert!(
+            begun.elapsed() < LIMIT,
+            "only {} runs started",
+            ledger.started()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let in_flight_at_kill = ledger.in_flight(VICTIM).await;
+    let killed_at = micros_now();
+    workers[VICTIM].signal("-KILL");
+    eprintln!(
+        "{:?}: killed worker {VICTIM} with {in_flight_at_kill} runs in flight",
+        begun.elapsed()
+    );
+    let _ = workers[VICTIM].wait(Duration::from_secs(10));
+
+    // The NATS restart, with emits and runs still going.
+    while ledger.started() < NATS_RESTART_AT {
+        assert!(
+            begun.elapsed() < LIMIT,
+            "only {} runs started",
+            ledger.started()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    nats.stop();
+    tokio::time::sleep(NATS_DOWN).await;
+    nats.restart().expect("restart nats-server");
+    eprintln!("{:?}: restarted NATS", begun.elapsed());
+
+    let ids = tokio::time::timeout(LIMIT, emitter)
+        .await
+        .expect("every batch emitted in time")
+        .unwrap();
+    assert_eq!(ids.len(), EVENTS);
+    eprintln!(
+        "{:?}: emitted {EVENTS}; {} runs started",
+        begun.elapsed(),
+        ledger.started()
+    );
+    loop {
+        let left = stored_events(&pool, schema.name()).await;
+        if left == 0 {
+            break;
+        }
+        assert!(
+            begun.elapsed() < LIMIT,
+            "{left} events still stored after {LIMIT:?}; {} runs started",
+            ledger.started()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let took = begun.elapsed();
+    for (n, w) in workers.iter_mut().enumerate() {
+        if n != VICTIM {
+            w.signal("-TERM");
+            let status = w.wait(Duration::from_secs(30));
+            assert!(status.success(), "worker {n}: {status}\n{}", w.stderr());
+        }
+    }
+
+    let runs: Vec<Run> = sqlx::query_as::<_, (String, String, i32, i64, Option<i64>)>(&format!(
+        "SELECT event_id, lease_token, worker, started_us, ended_us FROM {} ORDER BY event_id, started_us",
+        ledger.table
+    ))
+    .fetch_all(&pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|(event_id, lease_token, worker, started_us, ended_us)| Run {
+        event_id,
+        lease_token,
+        worker,
+        started_us,
+        ended_us,
+    })
+    .collect();
+    let mut by_event: std::collections::HashMap<String, Vec<&Run>> = Default::default();
+    for r in &runs {
+        by_event.entry(r.event_id.clone()).or_default().push(r);
+    }
+    let emitted: std::collections::HashSet<&String> = ids.iter().collect();
+    assert_eq!(emitted.len(), EVENTS, "every emitted id is distinct");
+    let unknown: Vec<_> = by_event.keys().filter(|id| !emitted.contains(id)).collect();
+    assert!(
+        unknown.is_empty(),
+        "runs of events never emitted: {unknown:?}"
+    );
+
+    let slack_us = 250_000;
+    let lease_us = LEASE.as_micros() as i64;
+    let mut reruns = 0;
+    for id in &ids {
+        let Some(rs) = by_event.get(id) else {
+            panic!("event {id} never ran")
+        };
+        let tokens: std::collections::HashSet<&str> =
+            rs.iter().map(|r| r.lease_token.as_str()).collect();
+        assert_eq!(
+            tokens.len(),
+            rs.len(),
+            "event {id}: every run has its own lease token: {rs:?}"
+        );
+        let last = rs.last().unwrap();
+        assert!(
+            last.ended_us.is_some(),
+            "event {id}: its last run did not complete: {rs:?}"
+        );
+        for pair in rs.windows(2) {
+            let (a, b) = (pair[0], pair[1]);
+            reruns += 1;
+            assert!(
+                a.worker as usize == VICTIM && a.started_us < killed_at,
+                "event {id} ran again, though its earlier run was not on the killed worker \
+                 before the kill (killed at {killed_at}): {a:?} then {b:?}"
+            );
+            assert!(
+                b.started_us > killed_at,
+                "event {id}: a second run began before the first one's worker died: {a:?} then {b:?}"
+            );
+            assert!(
+                b.started_us - a.started_us >= lease_us - slack_us,
+                "event {id}: the second run began {} ms after the first, under its live {LEASE:?} lease: {a:?} then {b:?}",
+                (b.started_us - a.started_us) / 1000
+            );
+        }
+    }
+    assert!(
+        reruns > 0,
+        "the kill caught {in_flight_at_kill} runs mid-handler, yet nothing ran again"
+    );
+    assert_eq!(stored_events(&pool, schema.name()).await, 0);
+    eprintln!(
+        "{EVENTS} events, {} runs ({reruns} after the kill, {in_flight_at_kill} in flight at the kill) in {took:?}",
+        runs.len()
+    );
+    drop(nats);
+}
+
+/// Stand-in until herald_nats::testing has it.
+struct OwnServer {
+    child: Option<std::process::Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl OwnServer {
+    fn start() -> std::io::Result<OwnServer> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut s = OwnServer {
+            child: None,
+            port,
+            dir: tempfile::tempdir()?,
+        };
+        s.restart()?;
+        Ok(s)
+    }
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+    fn restart(&mut self) -> std::io::Result<()> {
+        self.stop();
+        self.child = Some(
+            std::process::Command::new("nats-server")
+                .args([
+                    "-a",
+                    "127.0.0.1",
+                    "-p",
+                    &self.port.to_string(),
+                    "-js",
+                    "-sd",
+                ])
+                .arg(self.dir.path())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()?,
+        );
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(std::io::Error::other("nats-server did not open its port"))
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
