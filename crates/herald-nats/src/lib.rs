@@ -193,35 +193,59 @@ impl NatsQueue {
         h
     }
 
-    /// Publishes one message, retrying with the same id (so a retry of a
-    /// publish that did land is deduplicated).
+    /// Publishes one message; see [`NatsQueue::publish_all`].
     async fn publish_one(&self, payload: Vec<u8>, delay: Duration, id: String) -> QueueResult<()> {
-        let headers = self.headers(&id, delay);
-        let mut last = None;
-        for attempt in 0..3u32 {
+        self.publish_all(vec![(payload, delay, id)]).await
+    }
+
+    /// Publishes messages `(payload, delay, Nats-Msg-Id)`, pipelined: every
+    /// message is sent before any acknowledgement is awaited, so a batch
+    /// costs about one round trip, not one per message. What did not land
+    /// is sent again, up to three tries in all, with the same id, so one
+    /// that landed after all is dropped by the stream's duplicate window.
+    /// A batch therefore takes at most three acknowledgement timeouts, however
+    /// large it is and however long the server is away.
+    async fn publish_all(&self, messages: Vec<(Vec<u8>, Duration, String)>) -> QueueResult<()> {
+        let mut left: Vec<usize> = (0..messages.len()).collect();
+        let mut last = String::new();
+        for attempt in 0..3u64 {
             if attempt > 0 {
-                tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
+                tokio::time::sleep(Duration::from_millis(200 * attempt)).await;
             }
-            let sent = self
-                .js
-                .publish_with_headers(
-                    self.config.subject.clone(),
-                    headers.clone(),
-                    payload.clone().into(),
-                )
-                .await;
-            match sent {
-                Ok(ack) => match ack.await {
-                    Ok(_) => return Ok(()),
-                    Err(e) => last = Some(e.to_string()),
-                },
-                Err(e) => last = Some(e.to_string()),
+            let mut sent = Vec::with_capacity(left.len());
+            for &i in &left {
+                let (payload, delay, id) = &messages[i];
+                let ack = self
+                    .js
+                    .publish_with_headers(
+                        self.config.subject.clone(),
+                        self.headers(id, *delay),
+                        payload.clone().into(),
+                    )
+                    .await;
+                sent.push((i, ack));
             }
+            let mut failed = Vec::new();
+            for (i, ack) in sent {
+                let landed = match ack {
+                    Ok(ack) => ack.await.map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+                if let Err(e) = landed {
+                    last = e;
+                    failed.push(i);
+                }
+            }
+            if failed.is_empty() {
+                return Ok(());
+            }
+            left = failed;
         }
         Err(QueueError::Backend(format!(
-            "publish to {}: {}",
+            "publish to {}: {} of {} messages not acknowledged after 3 tries: {last}",
             self.config.subject,
-            last.unwrap_or_default()
+            left.len(),
+            messages.len()
         )))
     }
 
@@ -434,38 +458,7 @@ impl Queue for NatsQueue {
                 (p.notification.encode(), p.delay, id)
             })
             .collect();
-        // Pipelined: every message is sent before any acknowledgement is
-        // awaited, so a batch costs about one round trip, not one per message.
-        let mut sent = Vec::with_capacity(messages.len());
-        for (i, (payload, delay, id)) in messages.iter().enumerate() {
-            let ack = self
-                .js
-                .publish_with_headers(
-                    self.config.subject.clone(),
-                    self.headers(id, *delay),
-                    payload.clone().into(),
-                )
-                .await;
-            sent.push((i, ack));
-        }
-        let mut failed = Vec::new();
-        for (i, ack) in sent {
-            let landed = match ack {
-                Ok(ack) => ack.await.is_ok(),
-                Err(_) => false,
-            };
-            if !landed {
-                failed.push(i);
-            }
-        }
-        // What did not land is retried one by one with the same id: one that
-        // did land after all is dropped by the server's duplicate window.
-        for i in failed {
-            let (payload, delay, id) = &messages[i];
-            self.publish_one(payload.clone(), *delay, id.clone())
-                .await?;
-        }
-        Ok(())
+        self.publish_all(messages).await
     }
 
     async fn receive(&self, max: usize) -> QueueResult<Vec<Delivery>> {
