@@ -258,9 +258,11 @@ impl NatsQueue {
                 .await
                 .map_err(|e| backend("answer a delivery", e))?;
         }
-        self.client
-            .flush()
+        // While the server is away a flush waits for the reconnection;
+        // the answers stay buffered and are sent then.
+        tokio::time::timeout(ACK_CONFIRM, self.client.flush())
             .await
+            .map_err(|_| backend("flush answers", "no reconnection within 5 s"))?
             .map_err(|e| backend("flush answers", e))
     }
 

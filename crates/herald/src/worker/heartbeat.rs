@@ -50,8 +50,16 @@ async fn beat(shared: &Shared) {
                 }
             }
             WorkerStats::add(&shared.stats.renewed, tags.len());
-            if let Err(e) = shared.queue.extend(&tags).await {
-                tracing::warn!(error = %e, "cannot extend notification deadlines");
+            // Bounded by one beat: a broker that is away must not hold up
+            // the next renewal in the store, which is what keeps the leases.
+            match tokio::time::timeout(lease / 3, shared.queue.extend(&tags)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "cannot extend notification deadlines");
+                }
+                Err(_) => tracing::warn!(
+                    "extending notification deadlines took over a third of the lease; given up until the next beat"
+                ),
             }
         }
         Err(e) => {
