@@ -39,8 +39,9 @@ const LEASE: Duration = Duration::from_secs(2);
 /// Kill the victim once this many runs have started; restart NATS at the second.
 const KILL_AT: u64 = 5_000;
 const NATS_RESTART_AT: u64 = 10_000;
-/// How long NATS stays down.
-const NATS_DOWN: Duration = Duration::from_secs(1);
+/// How long NATS stays down: longer than a lease, so that deliveries time
+/// out at the broker while their runs hold live leases in the store.
+const NATS_DOWN: Duration = Duration::from_secs(3);
 /// The whole run must finish within this, or the test fails saying how far it got.
 const LIMIT: Duration = Duration::from_secs(240);
 
@@ -199,7 +200,12 @@ timeout = "10s"
     )
     .unwrap();
     let mut cmd = herald(dir);
-    cmd.args(["serve", "--config"]).arg(&config);
+    cmd.args(["serve", "--config"])
+        .arg(&config)
+        .env(
+            "HERALD_LOG",
+            "info,herald::worker=debug,herald::worker::run=info,herald::worker::admission=info",
+        );
     Server::start(cmd)
 }
 

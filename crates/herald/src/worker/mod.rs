@@ -396,6 +396,7 @@ impl Worker {
         let shared = self.shared;
         shared.stop_receiving.cancel();
         let _ = self.receive.await;
+        tracing::debug!(worker = %shared.config.name, "shutdown: receiving stopped");
         let in_flight = shared.runs.lock().expect("runs lock").len();
         shared.tasks.close();
         let cancelled_before = shared.stats.snapshot().cancelled;
@@ -410,13 +411,17 @@ impl Worker {
         }
         shared.cancel_runs.cancel();
         shared.tasks.wait().await;
+        tracing::debug!(worker = %shared.config.name, "shutdown: every run has ended");
         // Every run has handed its end to the settler: let it drain and stop.
         drop(self.settle_tx);
         let _ = self.settle.await;
+        tracing::debug!(worker = %shared.config.name, "shutdown: every run is settled");
         shared.stop_background.cancel();
         let _ = self.heartbeat.await;
+        tracing::debug!(worker = %shared.config.name, "shutdown: heartbeat stopped");
         if let Some(r) = self.reconcile {
             let _ = r.await;
+            tracing::debug!(worker = %shared.config.name, "shutdown: reconciler stopped");
         }
         let cancelled = (shared.stats.snapshot().cancelled - cancelled_before) as usize;
         tracing::info!(worker = %shared.config.name, in_flight, cancelled, "worker stopped");
