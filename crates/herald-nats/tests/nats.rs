@@ -286,3 +286,326 @@ async fn a_delay_longer_than_the_ack_wait_is_kept() {
     );
     queue.ack(&[got[0].tag.clone()]).await.unwrap();
 }
+
+// ---- Configurable replicas, MaxAckPending, storage, duplicate window and
+// credentials.
+
+/// The consumer herald created, as the server reports it.
+async fn consumer_config(client: &async_nats::Client, config: &NatsConfig) -> consumer::Config {
+    jetstream::new(client.clone())
+        .get_stream(&config.stream)
+        .await
+        .unwrap()
+        .consumer_info(&config.consumer)
+        .await
+        .unwrap()
+        .config
+        .clone()
+}
+
+#[tokio::test]
+async fn the_stream_and_consumer_are_created_with_the_configured_replicas_and_max_ack_pending() {
+    let Some((client, prefix, _guard)) = setup().await else {
+        return;
+    };
+    let config = NatsConfig {
+        replicas: 1,
+        max_ack_pending: 1234,
+        ..NatsConfig::new(nats_url(), &prefix, ACK_WAIT)
+    };
+    let q = NatsQueue::with_client(client.clone(), config.clone())
+        .await
+        .unwrap();
+    assert!(q.warnings().is_empty(), "{:?}", q.warnings());
+    let stream = jetstream::new(client.clone())
+        .get_stream(&config.stream)
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .config
+        .clone();
+    assert_eq!(stream.num_replicas, 1);
+    assert_eq!(stream.storage, stream::StorageType::File);
+    assert_eq!(
+        stream.duplicate_window,
+        herald_nats::DEFAULT_DUPLICATE_WINDOW
+    );
+    let consumer = consumer_config(&client, &config).await;
+    assert_eq!(consumer.max_ack_pending, 1234);
+    assert_eq!(consumer.num_replicas, 1);
+    // A worker configured for fewer is content; one for more is refused,
+    // with the fix.
+    let fewer = NatsConfig {
+        max_ack_pending: 1000,
+        ..config.clone()
+    };
+    NatsQueue::with_client(client.clone(), fewer).await.unwrap();
+    let more = NatsConfig {
+        max_ack_pending: 5000,
+        ..config.clone()
+    };
+    let m = config_error(NatsQueue::with_client(client, more).await);
+    assert_eq!(
+        m,
+        format!(
+            "consumer {0}_workers: max_ack_pending is 1234, herald needs at least 5000 or unlimited (-1): raise it with `nats consumer edit {0} {0}_workers --max-pending 5000`, or configure herald for 1234 or less",
+            prefix
+        )
+    );
+}
+
+/// Operators raise replicas with `nats stream edit`: a worker whose
+/// setting differs keeps running, and says so.
+#[tokio::test]
+async fn other_replicas_are_kept_with_a_warning() {
+    let Some((client, prefix, _guard)) = setup().await else {
+        return;
+    };
+    let config = NatsConfig::new(nats_url(), &prefix, ACK_WAIT);
+    NatsQueue::with_client(client.clone(), config.clone())
+        .await
+        .unwrap();
+    let three = NatsConfig {
+        replicas: 3,
+        ..config
+    };
+    let q = NatsQueue::with_client(client, three).await.unwrap();
+    assert_eq!(
+        q.warnings(),
+        [format!(
+            "stream {prefix}: num_replicas is 1, herald is configured for 3; herald does not change an existing stream (`nats stream edit {prefix} --replicas 3` does)"
+        )]
+    );
+}
+
+/// On a server that is not in a cluster, 3 replicas can't be created: the
+/// server's reason reaches the caller.
+#[tokio::test]
+async fn replicas_a_lone_server_cannot_keep_are_refused_by_the_server() {
+    let Some((client, prefix, _guard)) = setup().await else {
+        return;
+    };
+    let three = NatsConfig {
+        replicas: 3,
+        ..NatsConfig::new(nats_url(), &prefix, ACK_WAIT)
+    };
+    let Err(e) = NatsQueue::with_client(client, three).await else {
+        panic!("a lone server kept 3 replicas");
+    };
+    let m = e.to_string();
+    assert!(m.contains(&format!("create stream {prefix}")), "{m}");
+    assert!(m.contains("replicas > 1 not supported"), "{m}");
+}
+
+#[tokio::test]
+async fn a_memory_stream_is_refused() {
+    let Some((client, prefix, _guard)) = setup().await else {
+        return;
+    };
+    let config = NatsConfig::new(nats_url(), &prefix, ACK_WAIT);
+    jetstream::new(client.clone())
+        .create_stream(stream::Config {
+            name: config.stream.clone(),
+            subjects: vec![config.subject.clone()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            storage: stream::StorageType::Memory,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let m = config_error(NatsQueue::with_client(client, config).await);
+    assert!(
+        m.starts_with(&format!(
+            "stream {prefix}: storage is Memory, herald needs File: a memory stream loses its notifications"
+        )),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn a_duplicate_window_shorter_than_the_publish_retries_is_refused() {
+    let Some((client, prefix, _guard)) = setup().await else {
+        return;
+    };
+    let config = NatsConfig::new(nats_url(), &prefix, ACK_WAIT);
+    jetstream::new(client.clone())
+        .create_stream(stream::Config {
+            name: config.stream.clone(),
+            subjects: vec![config.subject.clone()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            duplicate_window: Duration::from_secs(1),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let m = config_error(NatsQueue::with_client(client, config).await);
+    assert!(
+        m.starts_with(&format!(
+            "stream {prefix}: duplicate_window is 1s, herald needs at least 15s"
+        )),
+        "{m}"
+    );
+}
+
+/// A nats-server of this test's own with `args` (credentials), on a free
+/// port, killed on drop; `None` after the SKIPPED line when nats-server
+/// can't run.
+struct AuthServer {
+    child: std::process::Child,
+    port: u16,
+    dir: std::path::PathBuf,
+}
+
+impl AuthServer {
+    async fn start(test: &str, args: &[&str]) -> Option<AuthServer> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir =
+            std::env::temp_dir().join(format!("herald-nats-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let child = std::process::Command::new("nats-server")
+            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+            .arg(&dir)
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn();
+        let child = match child {
+            Ok(c) => c,
+            Err(e) => {
+                unreachable(
+                    test,
+                    "a nats-server of its own",
+                    &format!("cannot run nats-server: {e}"),
+                );
+                return None;
+            }
+        };
+        let server = AuthServer { child, port, dir };
+        for _ in 0..100 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                return Some(server);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("nats-server did not open port {port}");
+    }
+}
+
+impl Drop for AuthServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Connects to `url`; the error's text, or `None` when it connected (and
+/// a notification went through).
+async fn try_url(url: &str) -> Option<String> {
+    match NatsQueue::connect(NatsConfig::new(url, "auth", ACK_WAIT)).await {
+        Ok(q) => {
+            q.publish(&[note()]).await.unwrap();
+            let got = tokio::time::timeout(Duration::from_secs(10), q.receive(1))
+                .await
+                .expect("a delivery")
+                .unwrap();
+            q.ack(&[got[0].tag.clone()]).await.unwrap();
+            None
+        }
+        Err(e) => Some(e.to_string()),
+    }
+}
+
+#[tokio::test]
+async fn a_user_and_password_in_the_url_are_used_and_never_shown() {
+    let password = "pa:ss@w/rd";
+    let Some(server) =
+        AuthServer::start(&test_name(), &["--user", "herald", "--pass", password]).await
+    else {
+        return;
+    };
+    let port = server.port;
+    let encoded = "pa%3Ass%40w%2Frd";
+    assert_eq!(
+        try_url(&format!("nats://herald:{encoded}@127.0.0.1:{port}")).await,
+        None
+    );
+
+    let start = std::time::Instant::now();
+    let m = try_url(&format!("nats://herald:wrong-pw@127.0.0.1:{port}"))
+        .await
+        .expect("a wrong password is refused");
+    assert_eq!(
+        m,
+        format!("queue is misconfigured: connect to nats://herald:***@127.0.0.1:{port}: the server refused user \"herald\" with the password in the URL (authorization violation)")
+    );
+    // Refused credentials are not tried again for CONNECT_WAIT.
+    assert!(
+        start.elapsed() < herald_nats::CONNECT_WAIT,
+        "{:?}",
+        start.elapsed()
+    );
+
+    let m = try_url(&format!("nats://127.0.0.1:{port}"))
+        .await
+        .expect("no credentials are refused");
+    assert!(m.contains("the server wants credentials"), "{m}");
+}
+
+#[tokio::test]
+async fn a_token_in_the_url_is_used_and_never_shown() {
+    let Some(server) = AuthServer::start(&test_name(), &["--auth", "t0ken"]).await else {
+        return;
+    };
+    let port = server.port;
+    assert_eq!(
+        try_url(&format!("nats://t0ken@127.0.0.1:{port}")).await,
+        None
+    );
+    let m = try_url(&format!("nats://n0pe@127.0.0.1:{port}"))
+        .await
+        .expect("a wrong token is refused");
+    assert_eq!(
+        m,
+        format!("queue is misconfigured: connect to nats://***@127.0.0.1:{port}: the server refused the token in the URL (authorization violation)")
+    );
+}
+
+#[tokio::test]
+async fn an_unreadable_or_malformed_credentials_file_is_named() {
+    let dir = std::env::temp_dir().join(format!("herald-creds-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let missing = dir.join("missing.creds");
+    let config = |path: &std::path::Path| NatsConfig {
+        credentials: Some(path.to_path_buf()),
+        ..NatsConfig::new("nats://127.0.0.1:1", "creds", ACK_WAIT)
+    };
+    let m = config_error(NatsQueue::connect(config(&missing)).await);
+    assert!(
+        m.starts_with(&format!(
+            "cannot read the credentials file {}",
+            missing.display()
+        )),
+        "{m}"
+    );
+    let garbage = dir.join("garbage.creds");
+    std::fs::write(&garbage, "not a creds file").unwrap();
+    let m = config_error(NatsQueue::connect(config(&garbage)).await);
+    assert!(
+        m.starts_with(&format!(
+            "the credentials file {} is not a NATS .creds file",
+            garbage.display()
+        )),
+        "{m}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
