@@ -654,3 +654,88 @@ async fn serve_on_nats_with_a_password_never_shows_it() {
     assert!(stderr.contains(&format!("queue={shown}")), "{stderr}");
     assert!(!stderr.contains(password), "the password is in the logs");
 }
+
+/// `pg_max_connections` bounds the pool: under a burst of emits and runs,
+/// the server never holds more connections than that (counted by the
+/// server itself, through an `application_name` of the test's own).
+#[tokio::test]
+async fn serve_on_postgres_keeps_to_pg_max_connections() {
+    let test = "serve_on_postgres_keeps_to_pg_max_connections";
+    let url = database_url();
+    if let Err(e) = reachable().await {
+        unreachable(test, &url, &e);
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let schema = TestSchema::adopt(TestSchema::random_name());
+    let migrate = herald(dir.path())
+        .args(["migrate", "--store", &url, "--schema", schema.name()])
+        .output()
+        .unwrap();
+    assert!(
+        migrate.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrate.stderr)
+    );
+    let app = schema.name().to_string();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let mut cmd = herald(dir.path());
+    cmd.args(["serve", "--listen", "127.0.0.1:0"])
+        .args(["--store", &format!("{url}{sep}application_name={app}")])
+        .args(["--noop-handler", "work"])
+        .env("HERALD_PG_SCHEMA", schema.name())
+        .env("HERALD_PG_MAX_CONNECTIONS", "2");
+    let mut s = Server::start(cmd);
+
+    let watcher = sqlx::PgPool::connect(&url).await.unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let most = tokio::spawn({
+        let stop = stop.clone();
+        let app = app.clone();
+        async move {
+            let mut most = 0i64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let (n,): (i64,) = sqlx::query_as(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                )
+                .bind(&app)
+                .fetch_one(&watcher)
+                .await
+                .unwrap();
+                most = most.max(n);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            most
+        }
+    });
+    let batches: Vec<_> = (0..10)
+        .map(|b| {
+            let events: Vec<Value> = (0..100)
+                .map(
+                    |n| json!({"tenant": "acme", "handler": "work", "payload": {"n": b * 100 + n}}),
+                )
+                .collect();
+            let request = reqwest::Client::new()
+                .post(s.url("/v1/events/batch"))
+                .json(&json!({ "events": events }));
+            tokio::spawn(async move { request.send().await.unwrap().status().as_u16() })
+        })
+        .collect();
+    for batch in batches {
+        assert_eq!(batch.await.unwrap(), 201);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, stats, _) = get(&s, "/v1/stats", None).await;
+        if stats["recent"]["handlers"]["work"]["emit_to_start_seconds"]["samples"] == 1000 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not every event ran: {stats}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let most = most.await.unwrap();
+    assert!((1..=2).contains(&most), "{most} connections");
+    s.signal("-TERM");
+    assert!(s.wait(Duration::from_secs(30)).success());
+}
