@@ -104,9 +104,10 @@ pub struct NatsConfig {
     /// The duplicate window of a stream herald creates. An existing stream
     /// must have at least [`MIN_DUPLICATE_WINDOW`].
     pub duplicate_window: Duration,
-    /// Replicas of a stream herald creates, 1 to [`MAX_REPLICAS`]; its
-    /// consumer gets the stream's. An existing stream or consumer with
-    /// another number is kept, with a warning.
+    /// Replicas of a stream herald creates, 1 to [`MAX_REPLICAS`]. The
+    /// consumer herald creates follows its stream's (replicas 0). An
+    /// existing stream with another number, or a consumer with a number of
+    /// its own that differs from its stream's, is kept, with a warning.
     pub replicas: usize,
 }
 
@@ -380,8 +381,6 @@ impl NatsQueue {
             .await
             .map_err(|e| backend(&format!("stream {} info", config.stream), e))?;
         let mut warnings = check_stream(&config, &info.config)?;
-        // The consumer keeps as many copies of its state as the stream has
-        // of the messages, whoever created the stream.
         let stream_replicas = info.config.num_replicas;
         let consumer: consumer::Consumer<consumer::pull::Config> = stream
             .get_or_create_consumer(
@@ -393,7 +392,9 @@ impl NatsQueue {
                     max_deliver: -1,
                     max_ack_pending: config.max_ack_pending,
                     filter_subject: config.subject.clone(),
-                    num_replicas: stream_replicas,
+                    // 0: as many as the stream, whoever created it, and
+                    // still after `nats stream edit --replicas`.
+                    num_replicas: 0,
                     ..Default::default()
                 },
             )
@@ -878,6 +879,28 @@ mod tests {
         });
         assert!(m.contains("nats://u:***@h holds credentials"), "{m}");
         assert!(!m.contains("secret"), "{m}");
+    }
+
+    #[test]
+    fn a_consumer_with_replicas_of_its_own_unlike_its_streams_is_kept_with_a_warning() {
+        let config = NatsConfig::new("nats://h", "herald", Duration::from_secs(30));
+        let consumer = consumer::Config {
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: config.ack_wait,
+            max_ack_pending: -1,
+            num_replicas: 1,
+            ..Default::default()
+        };
+        assert_eq!(
+            check_consumer(&config, &consumer, 3).unwrap(),
+            ["consumer herald_workers: num_replicas is 1, its stream has 3; herald does not change an existing consumer"]
+        );
+        assert!(check_consumer(&config, &consumer, 1).unwrap().is_empty());
+        let following = consumer::Config {
+            num_replicas: 0,
+            ..consumer
+        };
+        assert!(check_consumer(&config, &following, 3).unwrap().is_empty());
     }
 
     #[test]

@@ -334,7 +334,8 @@ async fn the_stream_and_consumer_are_created_with_the_configured_replicas_and_ma
     );
     let consumer = consumer_config(&client, &config).await;
     assert_eq!(consumer.max_ack_pending, 1234);
-    assert_eq!(consumer.num_replicas, 1);
+    // 0: as many as its stream, also after the stream's are changed.
+    assert_eq!(consumer.num_replicas, 0);
     // A worker configured for fewer is content; one for more is refused,
     // with the fix.
     let fewer = NatsConfig {
@@ -421,6 +422,44 @@ async fn a_memory_stream_is_refused() {
             "stream {prefix}: storage is Memory, herald needs File: a memory stream loses its notifications"
         )),
         "{m}"
+    );
+}
+
+/// A consumer whose state is kept in memory is lost when its server
+/// restarts, and every pull fails until it is created again.
+#[tokio::test]
+async fn a_memory_consumer_is_refused() {
+    let Some((client, prefix, _guard)) = setup().await else {
+        return;
+    };
+    let config = NatsConfig::new(nats_url(), &prefix, ACK_WAIT);
+    jetstream::new(client.clone())
+        .create_stream(stream::Config {
+            name: config.stream.clone(),
+            subjects: vec![config.subject.clone()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some(config.consumer.clone()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: ACK_WAIT,
+            max_deliver: -1,
+            max_ack_pending: -1,
+            filter_subject: config.subject.clone(),
+            memory_storage: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let m = config_error(NatsQueue::with_client(client, config).await);
+    assert_eq!(
+        m,
+        format!(
+            "consumer {prefix}_workers: mem_storage is true, herald needs false (fix or delete it)"
+        )
     );
 }
 

@@ -489,7 +489,7 @@ async fn serve_on_nats_creates_the_consumer_from_its_settings_and_checks_it() {
         .unwrap()
         .clone();
     assert_eq!(info.config.max_ack_pending, 4321);
-    assert_eq!(info.config.num_replicas, 1);
+    assert_eq!(info.config.num_replicas, 0, "as many as its stream");
     s.signal("-TERM");
     assert!(s.wait(Duration::from_secs(20)).success());
 
