@@ -621,8 +621,7 @@ async fn a_token_in_the_url_is_used_and_never_shown() {
 
 #[tokio::test]
 async fn an_unreadable_or_malformed_credentials_file_is_named() {
-    let dir = std::env::temp_dir().join(format!("herald-creds-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = tempfile_dir();
     let missing = dir.join("missing.creds");
     let config = |path: &std::path::Path| NatsConfig {
         credentials: Some(path.to_path_buf()),
@@ -647,4 +646,99 @@ async fn an_unreadable_or_malformed_credentials_file_is_named() {
         "{m}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A NATS operator-mode setup, made once for these tests with Ed25519 keys
+/// encoded as NKeys (what `nsc` does): operator `herald-test` signs the
+/// accounts `HERALD` (JetStream without limits) and `SYS`; `HERALD` signs
+/// the user `herald`. `STRANGER_*` is a user signed by an account the
+/// server does not know. The seeds are test keys, used nowhere else.
+mod operator_mode {
+    /// The operator's JWT.
+    pub const OPERATOR: &str = "eyJ0eXAiOiJKV1QiLCJhbGciOiJlZDI1NTE5LW5rZXkifQ.eyJpc3MiOiJPQkJOWk5WS05VRk1BTjVTQU1PMzJVTVBPNlcyNTRWQlhJSzJLU1ZBNU9VUlIzQkxEWVNaQUpVUyIsInN1YiI6Ik9CQk5aTlZLTlVGTUFONVNBTU8zMlVNUE82VzI1NFZCWElLMktTVkE1T1VSUjNCTERZU1pBSlVTIiwibmFtZSI6ImhlcmFsZC10ZXN0IiwibmF0cyI6eyJzeXN0ZW1fYWNjb3VudCI6IkFETVpMRkhQUjRTWjJQUTNDVEFVVzVMSjRFTU42VFYyNjZFSDU1Q09DVlZYRkpPSkNFR0gzV0hGIiwidHlwZSI6Im9wZXJhdG9yIiwidmVyc2lvbiI6Mn0sImlhdCI6MTcwMDAwMDAwMCwianRpIjoiVFVQVFNRRklDNTRNTVVQTjJWTTVUR0lTVU5FSk5HT1lUVUtKRVRRVzdQWEZIR1dCNTRQQSJ9.j63Tu8zdZyixcxh-6jfDy9RN2l3-I0iJBvLBgal1tgH9eI7hwz1otRu2EIzOBz8QdTz2OFMr7g1WIRcgf6JLDg";
+    /// Account `HERALD`'s public key.
+    pub const ACCOUNT_PUB: &str = "ACEIVBMW4JYJENUOPYD5SGS2NMQOKVX2BADQZAZGISKOPZ2DIOKVWMPG";
+    /// Account `HERALD`'s JWT.
+    pub const ACCOUNT: &str = "eyJ0eXAiOiJKV1QiLCJhbGciOiJlZDI1NTE5LW5rZXkifQ.eyJpc3MiOiJPQkJOWk5WS05VRk1BTjVTQU1PMzJVTVBPNlcyNTRWQlhJSzJLU1ZBNU9VUlIzQkxEWVNaQUpVUyIsInN1YiI6IkFDRUlWQk1XNEpZSkVOVU9QWUQ1U0dTMk5NUU9LVlgyQkFEUVpBWkdJU0tPUFoyRElPS1ZXTVBHIiwibmFtZSI6IkhFUkFMRCIsIm5hdHMiOnsibGltaXRzIjp7InN1YnMiOi0xLCJkYXRhIjotMSwicGF5bG9hZCI6LTEsImltcG9ydHMiOi0xLCJleHBvcnRzIjotMSwid2lsZGNhcmRzIjp0cnVlLCJjb25uIjotMSwibGVhZiI6LTEsIm1lbV9zdG9yYWdlIjotMSwiZGlza19zdG9yYWdlIjotMSwic3RyZWFtcyI6LTEsImNvbnN1bWVyIjotMX0sImRlZmF1bHRfcGVybWlzc2lvbnMiOnsicHViIjp7fSwic3ViIjp7fX0sInR5cGUiOiJhY2NvdW50IiwidmVyc2lvbiI6Mn0sImlhdCI6MTcwMDAwMDAwMCwianRpIjoiNkJKSTRGR1Q0R1NLSFVBV0NVM0lYV1hNUUNSNkk2UFNRQzc1QlpXR1ZDNUw1QVhVSUlKQSJ9.zY9OC8gZ1h8wYToYdNynHHFq533orNvCrPNjQcLHJk4wMey8IKcdOnyOIHS1Dyg3A_I52GeqU0wgiWqefu2RBw";
+    /// Account `SYS`'s public key.
+    pub const SYS_PUB: &str = "ADMZLFHPR4SZ2PQ3CTAUW5LJ4EMN6TV266EH55COCVVXFJOJCEGH3WHF";
+    /// Account `SYS`'s JWT.
+    pub const SYS: &str = "eyJ0eXAiOiJKV1QiLCJhbGciOiJlZDI1NTE5LW5rZXkifQ.eyJpc3MiOiJPQkJOWk5WS05VRk1BTjVTQU1PMzJVTVBPNlcyNTRWQlhJSzJLU1ZBNU9VUlIzQkxEWVNaQUpVUyIsInN1YiI6IkFETVpMRkhQUjRTWjJQUTNDVEFVVzVMSjRFTU42VFYyNjZFSDU1Q09DVlZYRkpPSkNFR0gzV0hGIiwibmFtZSI6IlNZUyIsIm5hdHMiOnsibGltaXRzIjp7InN1YnMiOi0xLCJkYXRhIjotMSwicGF5bG9hZCI6LTEsImltcG9ydHMiOi0xLCJleHBvcnRzIjotMSwid2lsZGNhcmRzIjp0cnVlLCJjb25uIjotMSwibGVhZiI6LTF9LCJkZWZhdWx0X3Blcm1pc3Npb25zIjp7InB1YiI6e30sInN1YiI6e319LCJ0eXBlIjoiYWNjb3VudCIsInZlcnNpb24iOjJ9LCJpYXQiOjE3MDAwMDAwMDAsImp0aSI6IjZMT1lVWUJGSEhLS1Q1T09URFVVRVRLWEVZS0hIT0FKVEdZRDJPVE9BUFdDVUtUT1VRU1EifQ.yunURlB23wMY5G1SjI2fWqiPLvfCjc1Gcj7QkZEkegIGMhWLMEmUByn-ZN82NQFBKkRs4qN3WhEalPKS5MIeAA";
+    /// User `herald`'s JWT.
+    pub const USER_JWT: &str = "eyJ0eXAiOiJKV1QiLCJhbGciOiJlZDI1NTE5LW5rZXkifQ.eyJpc3MiOiJBQ0VJVkJNVzRKWUpFTlVPUFlENVNHUzJOTVFPS1ZYMkJBRFFaQVpHSVNLT1BaMkRJT0tWV01QRyIsInN1YiI6IlVBRVkyVVJIQUJOS1NVRFlKWk1RWkpHWFhCSFlCR09XUkVMVDUyWUtQUTJKV1NTM1JKMlJPQUxWIiwibmFtZSI6ImhlcmFsZCIsIm5hdHMiOnsicHViIjp7fSwic3ViIjp7fSwic3VicyI6LTEsImRhdGEiOi0xLCJwYXlsb2FkIjotMSwidHlwZSI6InVzZXIiLCJ2ZXJzaW9uIjoyfSwiaWF0IjoxNzAwMDAwMDAwLCJqdGkiOiJLWEJUTENJSjVFNDZPSDdSVFdZV1czSk1UUkxQUVdOUllSTVFMWkVUTVQyNjREVVJMRk1BIn0.hu5Y_PX3wCk35Kd1oL1BuP0JsSsb7d1u9Af-s7oVORsCuecUsNo3j1iRVmYyB_ikyOqO7nHONUfU63lXk21VAA";
+    /// User `herald`'s NKey seed.
+    pub const USER_SEED: &str = "SUAARCVEANY6THVHFTXKMT547II23HBPJO52W644UEHZAQQ7KOGGFKKCKY";
+    /// A user of an unknown account: its JWT.
+    pub const STRANGER_JWT: &str = "eyJ0eXAiOiJKV1QiLCJhbGciOiJlZDI1NTE5LW5rZXkifQ.eyJpc3MiOiJBRFZKM0FPSlFHUTJFS0VJQzJYNFpCTUZFRkhDQUJURUVUNkVRRlVaTUFDS1ZPMktaWFZDREY3UiIsInN1YiI6IlVEM0FBT1NGSFVWV1hOVlRVVzQ3TE81NkVXSE5TSkZRWFBOUjZFRUhKR0QyRU5FR0lDUkJCVUdPIiwibmFtZSI6InN0cmFuZ2VyIiwibmF0cyI6eyJwdWIiOnt9LCJzdWIiOnt9LCJzdWJzIjotMSwiZGF0YSI6LTEsInBheWxvYWQiOi0xLCJ0eXBlIjoidXNlciIsInZlcnNpb24iOjJ9LCJpYXQiOjE3MDAwMDAwMDAsImp0aSI6IkJXU1pURTJHQ0FIT0dJMlBGVTRVSU1WVE5TTFFFR09FUDVCT1lSWElPRlFYQUpOS0xLR1EifQ.cT6FFigTkuI5q-uhlx9bPSzBo3sFcggv7R154C4PPUlMD2nfxqiseIUtN38Ujm9o7Duiv4zR30fPzhzWCMr-Cw";
+    /// A user of an unknown account: its NKey seed.
+    pub const STRANGER_SEED: &str = "SUACHVCL3TJ5UI3W5P6SMZ6M37R454LWWTJYCDLW4Y2FI7L4PWVOF22M6U";
+}
+
+/// A `.creds` file's text, as `nsc` writes it.
+fn creds_file(jwt: &str, seed: &str) -> String {
+    format!(
+        "-----BEGIN NATS USER JWT-----\n{jwt}\n------END NATS USER JWT------\n\n\
+         ************************* IMPORTANT *************************\n\
+         NKEY Seed printed below can be used to sign and prove identity.\n\
+         NKEYs are sensitive and should be treated as secrets.\n\n\
+         -----BEGIN USER NKEY SEED-----\n{seed}\n------END USER NKEY SEED------\n\n\
+         *************************************************************\n"
+    )
+}
+
+/// A credentials file lets herald into a server in operator mode (JWT
+/// accounts); a user of an account the server does not know is refused,
+/// and the message names the file; no credentials at all, too.
+#[tokio::test]
+async fn a_credentials_file_is_used() {
+    use operator_mode::*;
+    let test = test_name();
+    let dir = tempfile_dir();
+    let conf = dir.join("server.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "operator: {OPERATOR}\nsystem_account: {SYS_PUB}\nresolver: MEMORY\nresolver_preload: {{\n  {ACCOUNT_PUB}: {ACCOUNT}\n  {SYS_PUB}: {SYS}\n}}\n"
+        ),
+    )
+    .unwrap();
+    let Some(server) = AuthServer::start(&test, &["-c", conf.to_str().unwrap()]).await else {
+        return;
+    };
+    let url = format!("nats://127.0.0.1:{}", server.port);
+    let herald_creds = dir.join("herald.creds");
+    std::fs::write(&herald_creds, creds_file(USER_JWT, USER_SEED)).unwrap();
+    let stranger_creds = dir.join("stranger.creds");
+    std::fs::write(&stranger_creds, creds_file(STRANGER_JWT, STRANGER_SEED)).unwrap();
+    let with = |path: Option<&std::path::Path>| NatsConfig {
+        credentials: path.map(|p| p.to_path_buf()),
+        ..NatsConfig::new(&url, "creds", ACK_WAIT)
+    };
+
+    let q = NatsQueue::connect(with(Some(&herald_creds))).await.unwrap();
+    q.publish(&[note()]).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), q.receive(1))
+        .await
+        .expect("a delivery")
+        .unwrap();
+    q.ack(&[got[0].tag.clone()]).await.unwrap();
+
+    let m = config_error(NatsQueue::connect(with(Some(&stranger_creds))).await);
+    assert_eq!(
+        m,
+        format!(
+            "connect to {url}: the server refused the credentials file {} (authorization violation)",
+            stranger_creds.display()
+        )
+    );
+    let m = config_error(NatsQueue::connect(with(None)).await);
+    assert!(m.contains("the server wants credentials"), "{m}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A new directory under the system's temporary directory.
+fn tempfile_dir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("herald-creds-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
