@@ -306,6 +306,7 @@ impl NatsQueue {
             None => None,
         };
         let deadline = Instant::now() + CONNECT_WAIT;
+        let mut waiting = false;
         let client = loop {
             let mut options =
                 async_nats::ConnectOptions::new().connection_timeout(Duration::from_secs(5));
@@ -350,7 +351,12 @@ impl NatsQueue {
                     ));
                 }
                 Err(e) => {
-                    tracing::warn!("cannot connect to {shown} yet: {e}; trying again");
+                    if !waiting {
+                        tracing::warn!(
+                            "cannot connect to {shown} yet: {e}; trying again for up to {CONNECT_WAIT:?}"
+                        );
+                        waiting = true;
+                    }
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
             }

@@ -489,8 +489,8 @@ async fn a_duplicate_window_shorter_than_the_publish_retries_is_refused() {
 }
 
 /// A nats-server of this test's own with `args` (credentials), on a free
-/// port, killed on drop; `None` after the SKIPPED line when nats-server
-/// can't run.
+/// port (or `port`), killed on drop; `None` after the SKIPPED line when
+/// nats-server can't run.
 struct AuthServer {
     child: std::process::Child,
     port: u16,
@@ -504,6 +504,10 @@ impl AuthServer {
             .local_addr()
             .unwrap()
             .port();
+        Self::start_on(test, port, args).await
+    }
+
+    async fn start_on(test: &str, port: u16, args: &[&str]) -> Option<AuthServer> {
         let dir =
             std::env::temp_dir().join(format!("herald-nats-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -741,4 +745,28 @@ fn tempfile_dir() -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("herald-creds-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// A worker that starts before its NATS server waits for it (up to
+/// `CONNECT_WAIT`), instead of failing at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_waits_for_a_server_that_starts_late() {
+    let test = test_name();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("nats://127.0.0.1:{port}");
+    let connecting = tokio::spawn(NatsQueue::connect(NatsConfig::new(url, "late", ACK_WAIT)));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let Some(_server) = AuthServer::start_on(&test, port, &[]).await else {
+        connecting.abort();
+        return;
+    };
+    let q = connecting
+        .await
+        .unwrap()
+        .expect("connected once the server is up");
+    q.publish(&[note()]).await.unwrap();
 }
