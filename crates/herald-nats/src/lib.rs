@@ -1,20 +1,25 @@
 //! herald's distributed queue on NATS JetStream 2.9+.
 //!
-//! - A work-queue stream (`WorkQueue` retention) on one subject, and one
-//!   durable pull consumer shared by every worker: explicit ack, `AckWait` =
-//!   the worker's lease, `MaxDeliver` unlimited, no `BackOff` (it would
-//!   replace `AckWait` and break the lease), `MaxAckPending` high. Both are
-//!   created at start, or checked: a mismatched existing configuration is a
-//!   [`QueueError::Config`] naming the field.
+//! - A work-queue stream (`WorkQueue` retention, file storage) on one
+//!   subject, and one durable pull consumer shared by every worker: explicit
+//!   ack, `AckWait` = the worker's lease, `MaxDeliver` unlimited, no
+//!   `BackOff` (it would replace `AckWait` and break the lease),
+//!   `MaxAckPending` high. Both are created at start with
+//!   [`NatsConfig::replicas`], or checked: a mismatched existing
+//!   configuration is a [`QueueError::Config`] naming the field; a different
+//!   number of replicas is only a warning ([`NatsQueue::warnings`]).
 //! - Publish sets `Nats-Msg-Id` to `tenant:event:generation`, where the
 //!   generation is the publish time in ms and a per-process counter: a retry
-//!   of the same publish is deduplicated by the stream's duplicate window, a
-//!   real re-notify is not.
+//!   of the same publish is deduplicated by the stream's duplicate window
+//!   (at least [`MIN_DUPLICATE_WINDOW`]), a real re-notify is not.
 //! - A delay is a not-before header ([`NOT_BEFORE`], unix ms): NATS 2.9 has no
 //!   scheduled publish. `receive` naks a message that is not yet due with the
 //!   time left, so the runtime only sees due messages.
 //! - ack = confirmed (double) ack; nack = nak with delay; extend = `+WPI`;
 //!   terminate = `+TERM`.
+//! - Credentials: `user:password@` or `token@` in the URL, or a `.creds`
+//!   file ([`NatsConfig::credentials`]). They are passed to the client
+//!   apart from the URL, and [`redact_url`] hides them in every message.
 //!
 //! [`Queue::max_delay`] is `None`: the not-before header holds any delay; a
 //! long one is naked until due (each time with the whole time left).
@@ -26,11 +31,12 @@
 #[cfg(feature = "testing")]
 pub mod testing;
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream::{self, consumer, stream, AckKind};
-use async_nats::HeaderMap;
+use async_nats::{ConnectErrorKind, HeaderMap};
 use async_trait::async_trait;
 use futures::StreamExt;
 use herald::queue::{Delivery, DeliveryTag, Publish, Queue, QueueError, QueueResult};
@@ -45,11 +51,46 @@ const PULL_WAIT: Duration = Duration::from_secs(5);
 /// How long a confirmed ack waits for the server's answer.
 const ACK_CONFIRM: Duration = Duration::from_secs(5);
 
+/// How many times one publish is tried, with the same `Nats-Msg-Id`.
+const PUBLISH_TRIES: u32 = 3;
+/// The pause before the n-th retry of a publish is n times this.
+const PUBLISH_PAUSE: Duration = Duration::from_millis(200);
+/// How long a publish waits for the server's ack (the JetStream context's
+/// request timeout).
+const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The shortest duplicate window herald accepts on an existing stream.
+///
+/// The tries of one publish reuse its `Nats-Msg-Id`, so the server must
+/// still remember the first when the last arrives. They span at most
+/// 10.6 s: two unanswered tries of [`PUBLISH_TIMEOUT`] (5 s) each, and
+/// pauses of 200 ms and 400 ms. 15 s leaves room for a slow network.
+pub const MIN_DUPLICATE_WINDOW: Duration = Duration::from_secs(15);
+
+/// The duplicate window of a stream herald creates.
+pub const DEFAULT_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+
+/// `MaxAckPending` of a consumer herald creates, by default.
+pub const DEFAULT_MAX_ACK_PENDING: i64 = 100_000;
+
+/// The most replicas JetStream keeps of a stream.
+pub const MAX_REPLICAS: usize = 5;
+
+/// How long [`NatsQueue::connect`] keeps trying to reach a server that
+/// does not answer (refused connections, timeouts) before it gives up.
+/// Refused credentials end it at once.
+pub const CONNECT_WAIT: Duration = Duration::from_secs(10);
+
 /// How a [`NatsQueue`] names and configures its stream and consumer.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct NatsConfig {
-    /// The server, e.g. `nats://127.0.0.1:4222`.
+    /// The server, e.g. `nats://127.0.0.1:4222`. It may hold credentials:
+    /// `nats://user:password@host:4222` or `nats://token@host:4222`
+    /// (percent-encode `@`, `:` and `/` in them).
     pub url: String,
+    /// A NATS credentials file (`.creds`: a user JWT and its NKey seed), as
+    /// made by `nsc`; `None` for none.
+    pub credentials: Option<PathBuf>,
     /// The stream's name.
     pub stream: String,
     /// The subject notifications are published on.
@@ -59,25 +100,166 @@ pub struct NatsConfig {
     /// `AckWait`: a delivery comes back when it is not answered or extended
     /// within it. Give it the worker's lease.
     pub ack_wait: Duration,
-    /// `MaxAckPending`: deliveries in flight (including naked, delayed ones).
+    /// `MaxAckPending` of a consumer herald creates: deliveries in flight
+    /// (including naked, delayed ones). An existing consumer must allow at
+    /// least this many, or be unlimited. At least 1.
     pub max_ack_pending: i64,
-    /// The stream's duplicate window (for new streams; checked only to be non-zero).
+    /// The duplicate window of a stream herald creates. An existing stream
+    /// must have at least [`MIN_DUPLICATE_WINDOW`].
     pub duplicate_window: Duration,
+    /// Replicas of a stream herald creates, 1 to [`MAX_REPLICAS`]. The
+    /// consumer herald creates follows its stream's (replicas 0). An
+    /// existing stream with another number, or a consumer with a number of
+    /// its own that differs from its stream's, is kept, with a warning.
+    pub replicas: usize,
+}
+
+impl std::fmt::Debug for NatsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL may hold a password.
+        f.debug_struct("NatsConfig")
+            .field("url", &redact_url(&self.url))
+            .field("credentials", &self.credentials)
+            .field("stream", &self.stream)
+            .field("subject", &self.subject)
+            .field("consumer", &self.consumer)
+            .field("ack_wait", &self.ack_wait)
+            .field("max_ack_pending", &self.max_ack_pending)
+            .field("duplicate_window", &self.duplicate_window)
+            .field("replicas", &self.replicas)
+            .finish()
+    }
 }
 
 impl NatsConfig {
     /// Names derived from `prefix` (letters, digits, `-` and `_`): stream
-    /// `prefix`, subject `prefix.notify`, consumer `prefix_workers`.
+    /// `prefix`, subject `prefix.notify`, consumer `prefix_workers`; one
+    /// replica, `MaxAckPending` [`DEFAULT_MAX_ACK_PENDING`], no credentials
+    /// file.
     pub fn new(url: impl Into<String>, prefix: &str, ack_wait: Duration) -> Self {
         NatsConfig {
             url: url.into(),
+            credentials: None,
             stream: prefix.to_string(),
             subject: format!("{prefix}.notify"),
             consumer: format!("{prefix}_workers"),
             ack_wait,
-            max_ack_pending: 100_000,
-            duplicate_window: Duration::from_secs(120),
+            max_ack_pending: DEFAULT_MAX_ACK_PENDING,
+            duplicate_window: DEFAULT_DUPLICATE_WINDOW,
+            replicas: 1,
         }
+    }
+
+    /// Refuses settings the server would refuse later, or that break herald.
+    fn check(&self) -> QueueResult<()> {
+        let bad = |m: String| Err(QueueError::Config(m));
+        if !(1..=MAX_REPLICAS).contains(&self.replicas) {
+            return bad(format!(
+                "replicas is {}: JetStream keeps 1 to {MAX_REPLICAS}",
+                self.replicas
+            ));
+        }
+        if self.max_ack_pending < 1 {
+            return bad(format!(
+                "max_ack_pending is {}: it must be at least 1",
+                self.max_ack_pending
+            ));
+        }
+        if self.credentials.is_some() && userinfo(&self.url).is_some() {
+            return bad(format!(
+                "{} holds credentials and a credentials file is given too: use one",
+                redact_url(&self.url)
+            ));
+        }
+        if self.duplicate_window < MIN_DUPLICATE_WINDOW {
+            return bad(format!(
+                "duplicate_window is {:?}: it must be at least {MIN_DUPLICATE_WINDOW:?}, the span of herald's retries of one publish",
+                self.duplicate_window
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The byte range of a URL's user information (before the `@`), if any.
+fn userinfo(url: &str) -> Option<std::ops::Range<usize>> {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let end = url[start..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| start + i);
+    let at = url[start..end].rfind('@')?;
+    Some(start..start + at)
+}
+
+/// `url` with its password (`user:***@`) or token (`***@`) hidden, for
+/// messages and logs.
+pub fn redact_url(url: &str) -> String {
+    match userinfo(url) {
+        None => url.to_string(),
+        Some(r) => {
+            let hidden = match url[r.clone()].split_once(':') {
+                Some((user, _)) => format!("{user}:***"),
+                None => "***".to_string(),
+            };
+            format!("{}{hidden}{}", &url[..r.start], &url[r.end..])
+        }
+    }
+}
+
+/// Decodes `%XX` escapes (user information in URLs is percent-encoded).
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Credentials written in a URL.
+enum UrlAuth {
+    None,
+    UserPassword(String, String),
+    Token(String),
+}
+
+/// Splits the credentials off a URL: async-nats 0.42 does not send the ones
+/// written in the URL, and the URL it is given must not hold a secret,
+/// because its debug logs print it.
+fn split_auth(url: &str) -> (String, UrlAuth) {
+    let Some(r) = userinfo(url) else {
+        return (url.to_string(), UrlAuth::None);
+    };
+    // As the NATS clients read it: `user:password`, or a lone token.
+    let auth = match url[r.clone()].split_once(':') {
+        Some((user, pass)) => UrlAuth::UserPassword(percent_decode(user), percent_decode(pass)),
+        None => UrlAuth::Token(percent_decode(&url[r.clone()])),
+    };
+    (format!("{}{}", &url[..r.start], &url[r.end + 1..]), auth)
+}
+
+/// What to say when the server refuses the connection's credentials.
+fn refused(auth: &UrlAuth, credentials: Option<&std::path::Path>) -> String {
+    match (auth, credentials) {
+        (_, Some(path)) => format!(
+            "the server refused the credentials file {}",
+            path.display()
+        ),
+        (UrlAuth::UserPassword(user, _), None) => format!(
+            "the server refused user {user:?} with the password in the URL"
+        ),
+        (UrlAuth::Token(_), None) => "the server refused the token in the URL".to_string(),
+        (UrlAuth::None, None) => "the server wants credentials: write user:password@ or token@ in the URL, or give a credentials file".to_string(),
     }
 }
 
@@ -87,6 +269,7 @@ pub struct NatsQueue {
     js: jetstream::Context,
     consumer: consumer::Consumer<consumer::pull::Config>,
     config: NatsConfig,
+    warnings: Vec<String>,
     closed: CancellationToken,
     generation: AtomicU64,
     pull: tokio::sync::Mutex<PullState>,
@@ -101,20 +284,95 @@ fn unix_ms(t: SystemTime) -> u64 {
 }
 
 impl NatsQueue {
-    /// Connects, and creates or checks the stream and the consumer.
+    /// Connects with the URL's credentials and the credentials file, and
+    /// creates or checks the stream and the consumer.
+    ///
+    /// A server that does not answer is tried again for [`CONNECT_WAIT`];
+    /// once connected, the client reconnects by itself for ever.
+    ///
+    /// # Errors
+    ///
+    /// [`QueueError::Config`] when the server refuses the credentials, the
+    /// credentials file can't be read, or the stream or consumer do not
+    /// suit herald; [`QueueError::Backend`] when no server answered.
     pub async fn connect(config: NatsConfig) -> QueueResult<Self> {
-        let client = async_nats::ConnectOptions::new()
-            .retry_on_initial_connect()
-            .connection_timeout(Duration::from_secs(5))
-            .connect(&config.url)
-            .await
-            .map_err(|e| backend(&format!("connect to {}", config.url), e))?;
+        config.check()?;
+        let shown = redact_url(&config.url);
+        let (url, auth) = split_auth(&config.url);
+        let creds = match &config.credentials {
+            Some(path) => Some(tokio::fs::read_to_string(path).await.map_err(|e| {
+                QueueError::Config(format!(
+                    "cannot read the credentials file {}: {e}",
+                    path.display()
+                ))
+            })?),
+            None => None,
+        };
+        let deadline = Instant::now() + CONNECT_WAIT;
+        let mut waiting = false;
+        let client = loop {
+            let mut options =
+                async_nats::ConnectOptions::new().connection_timeout(Duration::from_secs(5));
+            options = match &auth {
+                UrlAuth::None => options,
+                UrlAuth::UserPassword(user, pass) => {
+                    options.user_and_password(user.clone(), pass.clone())
+                }
+                UrlAuth::Token(token) => options.token(token.clone()),
+            };
+            if let (Some(text), Some(path)) = (&creds, &config.credentials) {
+                options = options.credentials(text).map_err(|e| {
+                    QueueError::Config(format!(
+                        "the credentials file {} is not a NATS .creds file: {e}",
+                        path.display()
+                    ))
+                })?;
+            }
+            match options.connect(url.as_str()).await {
+                Ok(client) => break client,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ConnectErrorKind::AuthorizationViolation | ConnectErrorKind::Authentication
+                    ) =>
+                {
+                    return Err(QueueError::Config(format!(
+                        "connect to {shown}: {} ({})",
+                        refused(&auth, config.credentials.as_deref()),
+                        e.kind()
+                    )));
+                }
+                Err(e) if matches!(e.kind(), ConnectErrorKind::ServerParse) => {
+                    return Err(QueueError::Config(format!(
+                        "connect to {shown}: {e}: write the URL like nats://host:4222"
+                    )));
+                }
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(backend(
+                        &format!("connect to {shown}"),
+                        format!("{e} (tried for {CONNECT_WAIT:?})"),
+                    ));
+                }
+                Err(e) => {
+                    if !waiting {
+                        tracing::warn!(
+                            "cannot connect to {shown} yet: {e}; trying again for up to {CONNECT_WAIT:?}"
+                        );
+                        waiting = true;
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        };
         Self::with_client(client, config).await
     }
 
-    /// [`NatsQueue::connect`] on a client of the caller's.
+    /// [`NatsQueue::connect`] on a client of the caller's (`config.url` and
+    /// `config.credentials` are then not used).
     pub async fn with_client(client: async_nats::Client, config: NatsConfig) -> QueueResult<Self> {
-        let js = jetstream::new(client.clone());
+        config.check()?;
+        let mut js = jetstream::new(client.clone());
+        js.set_timeout(PUBLISH_TIMEOUT);
         let mut stream = js
             .get_or_create_stream(stream::Config {
                 name: config.stream.clone(),
@@ -122,6 +380,7 @@ impl NatsQueue {
                 retention: stream::RetentionPolicy::WorkQueue,
                 storage: stream::StorageType::File,
                 duplicate_window: config.duplicate_window,
+                num_replicas: config.replicas,
                 ..Default::default()
             })
             .await
@@ -130,7 +389,8 @@ impl NatsQueue {
             .info()
             .await
             .map_err(|e| backend(&format!("stream {} info", config.stream), e))?;
-        check_stream(&config, &info.config)?;
+        let mut warnings = check_stream(&config, &info.config)?;
+        let stream_replicas = info.config.num_replicas;
         let consumer: consumer::Consumer<consumer::pull::Config> = stream
             .get_or_create_consumer(
                 &config.consumer,
@@ -141,21 +401,39 @@ impl NatsQueue {
                     max_deliver: -1,
                     max_ack_pending: config.max_ack_pending,
                     filter_subject: config.subject.clone(),
+                    // 0: as many as the stream, whoever created it, and
+                    // still after `nats stream edit --replicas`.
+                    num_replicas: 0,
                     ..Default::default()
                 },
             )
             .await
             .map_err(|e| backend(&format!("create consumer {}", config.consumer), e))?;
-        check_consumer(&config, &consumer.cached_info().config)?;
+        warnings.extend(check_consumer(
+            &config,
+            &consumer.cached_info().config,
+            stream_replicas,
+        )?);
+        for w in &warnings {
+            tracing::warn!("{w}");
+        }
         Ok(NatsQueue {
             client,
             js,
             consumer,
             config,
+            warnings,
             closed: CancellationToken::new(),
             generation: AtomicU64::new(0),
             pull: tokio::sync::Mutex::new(PullState::default()),
         })
+    }
+
+    /// What herald found in the existing stream and consumer, accepted, and
+    /// would have set otherwise (also logged as warnings): a number of
+    /// replicas other than [`NatsConfig::replicas`].
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
     }
 
     /// The configuration in use.
@@ -199,18 +477,19 @@ impl NatsQueue {
     }
 
     /// Publishes messages `(payload, delay, Nats-Msg-Id)`, pipelined: every
-    /// message is sent before any acknowledgement is awaited, so a batch
-    /// costs about one round trip, not one per message. What did not land
-    /// is sent again, up to three tries in all, with the same id, so one
-    /// that landed after all is dropped by the stream's duplicate window.
-    /// A batch therefore takes at most three acknowledgement timeouts, however
-    /// large it is and however long the server is away.
+    /// message is sent before any acknowledgement is awaited, and the
+    /// acknowledgements are awaited together, so a batch costs about one
+    /// round trip, not one per message. What did not land is sent again,
+    /// [`PUBLISH_TRIES`] tries in all, with the same id, so one that landed
+    /// after all is dropped by the stream's duplicate window. A batch
+    /// therefore takes at most [`PUBLISH_TRIES`] acknowledgement timeouts,
+    /// however large it is and however long the server is away.
     async fn publish_all(&self, messages: Vec<(Vec<u8>, Duration, String)>) -> QueueResult<()> {
         let mut left: Vec<usize> = (0..messages.len()).collect();
         let mut last = String::new();
-        for attempt in 0..3u64 {
+        for attempt in 0..PUBLISH_TRIES {
             if attempt > 0 {
-                tokio::time::sleep(Duration::from_millis(200 * attempt)).await;
+                tokio::time::sleep(PUBLISH_PAUSE * attempt).await;
             }
             let mut sent = Vec::with_capacity(left.len());
             for &i in &left {
@@ -225,12 +504,18 @@ impl NatsQueue {
                     .await;
                 sent.push((i, ack));
             }
-            let mut failed = Vec::new();
-            for (i, ack) in sent {
+            // Together: each acknowledgement's timeout starts when it is
+            // awaited, so awaiting them in turn would add up the timeouts.
+            let landed = futures::future::join_all(sent.into_iter().map(|(i, ack)| async move {
                 let landed = match ack {
-                    Ok(ack) => ack.await.map_err(|e| e.to_string()),
+                    Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
                     Err(e) => Err(e.to_string()),
                 };
+                (i, landed)
+            }))
+            .await;
+            let mut failed = Vec::new();
+            for (i, landed) in landed {
                 if let Err(e) = landed {
                     last = e;
                     failed.push(i);
@@ -242,7 +527,7 @@ impl NatsQueue {
             left = failed;
         }
         Err(QueueError::Backend(format!(
-            "publish to {}: {} of {} messages not acknowledged after 3 tries: {last}",
+            "publish to {}: {} of {} messages not acknowledged after {PUBLISH_TRIES} tries: {last}",
             self.config.subject,
             left.len(),
             messages.len()
@@ -372,7 +657,9 @@ fn mismatch(
     ))
 }
 
-fn check_stream(config: &NatsConfig, got: &stream::Config) -> QueueResult<()> {
+/// Refuses a stream herald can't work with; returns what it accepts but
+/// would have set otherwise.
+fn check_stream(config: &NatsConfig, got: &stream::Config) -> QueueResult<Vec<String>> {
     let what = format!("stream {}", config.stream);
     if got.retention != stream::RetentionPolicy::WorkQueue {
         return Err(mismatch(
@@ -390,18 +677,38 @@ fn check_stream(config: &NatsConfig, got: &stream::Config) -> QueueResult<()> {
             &got.subjects,
         ));
     }
-    if got.duplicate_window.is_zero() {
-        return Err(mismatch(
-            &what,
-            "duplicate_window",
-            config.duplicate_window,
-            got.duplicate_window,
+    // Memory storage loses every pending notification, delayed ones
+    // included, when its servers restart; the reconciler would then have to
+    // re-notify every pending event at once.
+    if got.storage != stream::StorageType::File {
+        return Err(QueueError::Config(format!(
+            "{what}: storage is {:?}, herald needs File: a memory stream loses its notifications when its servers restart (delete it and let herald create it, or create it with --storage file)",
+            got.storage
+        )));
+    }
+    if got.duplicate_window < MIN_DUPLICATE_WINDOW {
+        return Err(QueueError::Config(format!(
+            "{what}: duplicate_window is {:?}, herald needs at least {MIN_DUPLICATE_WINDOW:?}, the span of its retries of one publish (fix it with `nats stream edit {} --dupe-window 2m`)",
+            got.duplicate_window, config.stream
+        )));
+    }
+    let mut warnings = Vec::new();
+    if got.num_replicas != config.replicas {
+        warnings.push(format!(
+            "{what}: num_replicas is {}, herald is configured for {}; herald does not change an existing stream (`nats stream edit {} --replicas {}` does)",
+            got.num_replicas, config.replicas, config.stream, config.replicas
         ));
     }
-    Ok(())
+    Ok(warnings)
 }
 
-fn check_consumer(config: &NatsConfig, got: &consumer::Config) -> QueueResult<()> {
+/// Refuses a consumer herald can't work with; returns what it accepts but
+/// would have set otherwise.
+fn check_consumer(
+    config: &NatsConfig,
+    got: &consumer::Config,
+    stream_replicas: usize,
+) -> QueueResult<Vec<String>> {
     let what = format!("consumer {}", config.consumer);
     if got.ack_policy != consumer::AckPolicy::Explicit {
         return Err(mismatch(
@@ -435,14 +742,30 @@ fn check_consumer(config: &NatsConfig, got: &consumer::Config) -> QueueResult<()
         ));
     }
     if got.max_ack_pending > 0 && got.max_ack_pending < config.max_ack_pending {
-        return Err(mismatch(
-            &what,
-            "max_ack_pending",
-            config.max_ack_pending,
+        return Err(QueueError::Config(format!(
+            "{what}: max_ack_pending is {}, herald needs at least {} or unlimited (-1): raise it with `nats consumer edit {} {} --max-pending {}`, or configure herald for {} or less",
             got.max_ack_pending,
+            config.max_ack_pending,
+            config.stream,
+            config.consumer,
+            config.max_ack_pending,
+            got.max_ack_pending
+        )));
+    }
+    // A memory consumer's state is lost on restart: the workers' pulls then
+    // fail until it is created again.
+    if got.memory_storage {
+        return Err(mismatch(&what, "mem_storage", false, true));
+    }
+    let mut warnings = Vec::new();
+    // 0: as many as the stream.
+    if got.num_replicas != 0 && got.num_replicas != stream_replicas {
+        warnings.push(format!(
+            "{what}: num_replicas is {}, its stream has {stream_replicas}; herald does not change an existing consumer",
+            got.num_replicas
         ));
     }
-    Ok(())
+    Ok(warnings)
 }
 
 #[async_trait]
@@ -529,5 +852,114 @@ impl Queue for NatsQueue {
 
     async fn close(&self) {
         self.closed.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_shown_without_their_secrets() {
+        let cases = [
+            ("nats://127.0.0.1:4222", "nats://127.0.0.1:4222"),
+            (
+                "nats://herald:s3cret@nats-1:4222",
+                "nats://herald:***@nats-1:4222",
+            ),
+            ("tls://tok3n@nats-1:4222", "tls://***@nats-1:4222"),
+            // An `@` in the password, not encoded: the last `@` ends it.
+            ("nats://u:p@ss@h:4222/x", "nats://u:***@h:4222/x"),
+            ("u:pw@h:4222", "u:***@h:4222"),
+            ("nats://h:4222/a@b", "nats://h:4222/a@b"),
+        ];
+        for (url, shown) in cases {
+            assert_eq!(redact_url(url), shown, "{url}");
+        }
+    }
+
+    #[test]
+    fn credentials_are_split_off_the_url_and_decoded() {
+        let (url, auth) = split_auth("nats://herald:p%40ss%3Aw@h:4222");
+        assert_eq!(url, "nats://h:4222");
+        assert!(matches!(auth, UrlAuth::UserPassword(u, p) if u == "herald" && p == "p@ss:w"),);
+        let (url, auth) = split_auth("tls://t0k%2F@h");
+        assert_eq!(url, "tls://h");
+        assert!(matches!(auth, UrlAuth::Token(t) if t == "t0k/"));
+        let (url, auth) = split_auth("nats://h:4222");
+        assert_eq!(url, "nats://h:4222");
+        assert!(matches!(auth, UrlAuth::None));
+        assert_eq!(percent_decode("a%zz%4"), "a%zz%4");
+    }
+
+    #[test]
+    fn the_minimum_duplicate_window_covers_every_try_of_a_publish() {
+        let pauses: Duration = (1..PUBLISH_TRIES).map(|n| PUBLISH_PAUSE * n).sum();
+        let span = PUBLISH_TIMEOUT * (PUBLISH_TRIES - 1) + pauses;
+        assert_eq!(span, Duration::from_millis(10_600));
+        assert!(MIN_DUPLICATE_WINDOW > span);
+        assert!(DEFAULT_DUPLICATE_WINDOW >= MIN_DUPLICATE_WINDOW);
+    }
+
+    #[test]
+    fn settings_the_server_or_herald_would_refuse_are_refused_first() {
+        let ok = NatsConfig::new("nats://h", "herald", Duration::from_secs(30));
+        assert!(ok.check().is_ok());
+        let refused = |c: NatsConfig| match c.check() {
+            Err(QueueError::Config(m)) => m,
+            other => panic!("accepted: {other:?}"),
+        };
+        let m = refused(NatsConfig {
+            replicas: 6,
+            ..ok.clone()
+        });
+        assert!(m.contains("replicas is 6: JetStream keeps 1 to 5"), "{m}");
+        let m = refused(NatsConfig {
+            max_ack_pending: 0,
+            ..ok.clone()
+        });
+        assert!(m.contains("max_ack_pending is 0"), "{m}");
+        let m = refused(NatsConfig {
+            duplicate_window: Duration::from_secs(1),
+            ..ok.clone()
+        });
+        assert!(m.contains("at least 15s"), "{m}");
+        let m = refused(NatsConfig {
+            url: "nats://u:secret@h".into(),
+            credentials: Some("/etc/herald.creds".into()),
+            ..ok.clone()
+        });
+        assert!(m.contains("nats://u:***@h holds credentials"), "{m}");
+        assert!(!m.contains("secret"), "{m}");
+    }
+
+    #[test]
+    fn a_consumer_with_replicas_of_its_own_unlike_its_streams_is_kept_with_a_warning() {
+        let config = NatsConfig::new("nats://h", "herald", Duration::from_secs(30));
+        let consumer = consumer::Config {
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: config.ack_wait,
+            max_ack_pending: -1,
+            num_replicas: 1,
+            ..Default::default()
+        };
+        assert_eq!(
+            check_consumer(&config, &consumer, 3).unwrap(),
+            ["consumer herald_workers: num_replicas is 1, its stream has 3; herald does not change an existing consumer"]
+        );
+        assert!(check_consumer(&config, &consumer, 1).unwrap().is_empty());
+        let following = consumer::Config {
+            num_replicas: 0,
+            ..consumer
+        };
+        assert!(check_consumer(&config, &following, 3).unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_debug_form_hides_the_password() {
+        let c = NatsConfig::new("nats://u:secret@h", "herald", Duration::from_secs(30));
+        let shown = format!("{c:?}");
+        assert!(shown.contains("nats://u:***@h"), "{shown}");
+        assert!(!shown.contains("secret"), "{shown}");
     }
 }

@@ -53,11 +53,17 @@ fn main() -> std::process::ExitCode {
         Command::Serve(_) => "info",
         _ => "warn",
     };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("HERALD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level))
+        // async-nats traces the CONNECT message, password and token included;
+        // that module only traces, so this keeps it quiet at any HERALD_LOG.
+        .add_directive(
+            "async_nats::connection=debug"
+                .parse()
+                .expect("a valid directive"),
+        );
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("HERALD_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
-        )
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();

@@ -44,7 +44,8 @@ pub struct ServeArgs {
     /// [config: pg_schema; env: HERALD_PG_SCHEMA; default: herald].
     #[arg(long, value_name = "NAME")]
     schema: Option<String>,
-    /// The queue: `memory`, the in-process queue
+    /// The queue: `memory`, the in-process queue, or NATS JetStream at
+    /// `nats://[USER:PASSWORD@]HOST:PORT` (or `tls://…`)
     /// [config: queue; env: HERALD_QUEUE; default: memory].
     #[arg(long, value_name = "KIND")]
     queue: Option<String>,
@@ -70,7 +71,7 @@ pub enum ServeError {
     /// The queue could not be reached or is misconfigured.
     #[error("queue {location}: {error}")]
     Queue {
-        /// The queue's URL.
+        /// The queue's URL, without its credentials.
         location: String,
         /// What went wrong.
         error: herald::QueueError,
@@ -171,14 +172,19 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
         // AckWait = the lease: an unanswered notification comes back when
         // its run's lease would have lapsed.
         QueueLocation::Nats(url) => Arc::new(
-            herald_nats::NatsQueue::connect(herald_nats::NatsConfig::new(
-                url.clone(),
-                &config.nats_stream,
-                config.worker.lease,
-            ))
+            herald_nats::NatsQueue::connect(herald_nats::NatsConfig {
+                replicas: config.nats_replicas,
+                max_ack_pending: config.nats_max_ack_pending,
+                credentials: config.nats_credentials.clone(),
+                ..herald_nats::NatsConfig::new(
+                    url.clone(),
+                    &config.nats_stream,
+                    config.worker.lease,
+                )
+            })
             .await
             .map_err(|error| ServeError::Queue {
-                location: url.clone(),
+                location: config.queue.to_string(),
                 error,
             })?,
         ),
@@ -217,15 +223,16 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
     );
     // Tests and scripts read this line for the address (with port 0).
     println!(
-        "herald serve: listening on http://{addr} (store {}, handlers: {})",
+        "herald serve: listening on http://{addr} (store {}, queue {}, handlers: {})",
         config.store,
+        config.queue,
         if names.is_empty() {
             "none".to_string()
         } else {
             names.join(", ")
         }
     );
-    tracing::info!(%addr, store = %config.store, handlers = ?names, "herald serve started");
+    tracing::info!(%addr, store = %config.store, queue = %config.queue, handlers = ?names, "herald serve started");
 
     let first = tokio::select! {
         s = signals.next() => s,
@@ -287,8 +294,9 @@ async fn open_store(config: &ServeConfig) -> Result<Arc<dyn Store>, StoreError> 
                     location,
                     reason: e.to_string(),
                 })?;
-            let pool =
-                sqlx::postgres::PgPoolOptions::new().acquire_timeout(Duration::from_secs(10));
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(config.pg_max_connections)
+                .acquire_timeout(config.pg_acquire_timeout);
             Arc::new(PgStore::connect_with(pool, options, &config.pg_schema).await?)
         }
     })

@@ -200,12 +200,10 @@ timeout = "10s"
     )
     .unwrap();
     let mut cmd = herald(dir);
-    cmd.args(["serve", "--config"])
-        .arg(&config)
-        .env(
-            "HERALD_LOG",
-            "info,herald::worker=debug,herald::worker::run=info,herald::worker::admission=info",
-        );
+    cmd.args(["serve", "--config"]).arg(&config).env(
+        "HERALD_LOG",
+        "info,herald::worker=debug,herald::worker::run=info,herald::worker::admission=info",
+    );
     Server::start(cmd)
 }
 

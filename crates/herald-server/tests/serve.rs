@@ -432,3 +432,310 @@ acme = "{}"
     assert!(status.success(), "exit {status}; stderr:\n{}", s.stderr());
     drop(stream);
 }
+
+// ---- NATS replicas, MaxAckPending and credentials, through the binary.
+
+/// `herald serve` on NATS with the stream `stream`, a temporary SQLite
+/// store in `dir`, and a no-op handler `work`.
+fn herald_on_nats(dir: &Path, url: &str, stream: &str) -> Command {
+    let mut cmd = herald(dir);
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--queue", url])
+        .args(["--noop-handler", "work"])
+        .env("HERALD_STORE", dir.join("events.db"))
+        .env("HERALD_NATS_STREAM", stream)
+        .env("HERALD_WORKER_SHUTDOWN_GRACE", "5s");
+    cmd
+}
+
+/// The consumer's `MaxAckPending` and replicas are herald's settings when
+/// herald creates it; a worker that needs more pending is refused with the
+/// fix, and one configured for other replicas runs with a warning.
+#[tokio::test]
+async fn serve_on_nats_creates_the_consumer_from_its_settings_and_checks_it() {
+    let test = "serve_on_nats_creates_the_consumer_from_its_settings_and_checks_it";
+    let url = herald_nats::testing::nats_url();
+    let client = match herald_nats::testing::connect().await {
+        Ok(c) => c,
+        Err(e) => {
+            herald_nats::testing::unreachable(test, &url, &e);
+            return;
+        }
+    };
+    let stream = herald_nats::testing::TestStream::adopt(herald_nats::testing::random_prefix());
+    let name = stream.name().to_string();
+    let dir = tempfile::tempdir().unwrap();
+
+    let mut cmd = herald_on_nats(dir.path(), &url, &name);
+    cmd.env("HERALD_NATS_REPLICAS", "1")
+        .env("HERALD_NATS_MAX_ACK_PENDING", "4321");
+    let mut s = Server::start(cmd);
+    // A queue with the same settings passes the check; it reads the consumer.
+    let queue = herald_nats::NatsQueue::with_client(
+        client,
+        herald_nats::NatsConfig {
+            max_ack_pending: 4321,
+            ..herald_nats::NatsConfig::new(&url, &name, Duration::from_secs(30))
+        },
+    )
+    .await
+    .unwrap();
+    let info = queue
+        .jetstream()
+        .get_stream(&name)
+        .await
+        .unwrap()
+        .consumer_info(format!("{name}_workers"))
+        .await
+        .unwrap()
+        .clone();
+    assert_eq!(info.config.max_ack_pending, 4321);
+    assert_eq!(info.config.num_replicas, 0, "as many as its stream");
+    s.signal("-TERM");
+    assert!(s.wait(Duration::from_secs(20)).success());
+
+    let out = herald_on_nats(dir.path(), &url, &name)
+        .env("HERALD_NATS_MAX_ACK_PENDING", "9999")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("herald: queue {url}: queue is misconfigured: consumer {name}_workers: max_ack_pending is 4321, herald needs at least 9999 or unlimited (-1)")),
+        "{stderr}"
+    );
+
+    let mut cmd = herald_on_nats(dir.path(), &url, &name);
+    cmd.env("HERALD_NATS_REPLICAS", "3")
+        .env("HERALD_NATS_MAX_ACK_PENDING", "4321");
+    let mut s = Server::start(cmd);
+    s.signal("-TERM");
+    assert!(s.wait(Duration::from_secs(20)).success());
+    assert!(
+        s.stderr().contains(&format!(
+            "stream {name}: num_replicas is 1, herald is configured for 3"
+        )),
+        "{}",
+        s.stderr()
+    );
+    drop(stream);
+}
+
+/// A nats-server of the test's own that wants a user and password, on a
+/// free port, killed on drop.
+struct NatsWithPassword {
+    child: std::process::Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl NatsWithPassword {
+    /// `None` after the SKIPPED line when nats-server can't run.
+    fn start(test: &str, user: &str, password: &str) -> Option<NatsWithPassword> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = tempfile::tempdir().unwrap();
+        let child = Command::new("nats-server")
+            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+            .arg(dir.path())
+            .args(["--user", user, "--pass", password])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn();
+        let child = match child {
+            Ok(c) => c,
+            Err(e) => {
+                herald_nats::testing::unreachable(
+                    test,
+                    "a nats-server of its own",
+                    &format!("cannot run nats-server: {e}"),
+                );
+                return None;
+            }
+        };
+        let server = NatsWithPassword {
+            child,
+            port,
+            _dir: dir,
+        };
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "nats-server did not open port {port}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Some(server)
+    }
+}
+
+impl Drop for NatsWithPassword {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The password in `queue` is used, and shown nowhere: not in the
+/// "listening on" line, not in the logs (even at trace level), not in the
+/// error when the server refuses it.
+#[tokio::test]
+async fn serve_on_nats_with_a_password_never_shows_it() {
+    let test = "serve_on_nats_with_a_password_never_shows_it";
+    let password = "s3cret-pw";
+    let Some(nats) = NatsWithPassword::start(test, "herald", password) else {
+        return;
+    };
+    let port = nats.port;
+    let shown = format!("nats://herald:***@127.0.0.1:{port}");
+    let dir = tempfile::tempdir().unwrap();
+
+    let out = herald_on_nats(
+        dir.path(),
+        &format!("nats://herald:wrong-pw@127.0.0.1:{port}"),
+        "herald",
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("herald: queue {shown}: queue is misconfigured: connect to {shown}: the server refused user \"herald\" with the password in the URL (authorization violation)")),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("wrong-pw"), "{stderr}");
+
+    let url = format!("nats://herald:{password}@127.0.0.1:{port}");
+    let mut child = herald_on_nats(dir.path(), &url, "herald")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut first,
+    )
+    .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        first.contains(&format!(", queue {shown}, handlers: work)")),
+        "{first}"
+    );
+    assert!(!first.contains(password), "{first}");
+
+    let mut cmd = herald_on_nats(dir.path(), &url, "herald");
+    cmd.env("HERALD_LOG", "trace");
+    let mut s = Server::start(cmd);
+    let (status, v) = post(
+        &s,
+        "/v1/events",
+        None,
+        json!({"tenant": "acme", "handler": "work", "payload": {}}),
+    )
+    .await;
+    assert_eq!(status, 201, "{v}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, stats, _) = get(&s, "/v1/stats", None).await;
+        if stats["recent"]["handlers"]["work"]["emit_to_start_seconds"]["samples"] == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the event never ran: {stats}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    s.signal("-TERM");
+    assert!(s.wait(Duration::from_secs(20)).success());
+    let stderr = s.stderr();
+    assert!(stderr.contains(&format!("queue={shown}")), "{stderr}");
+    assert!(!stderr.contains(password), "the password is in the logs");
+}
+
+/// `pg_max_connections` bounds the pool: under a burst of emits and runs,
+/// the server never holds more connections than that (counted by the
+/// server itself, through an `application_name` of the test's own).
+#[tokio::test]
+async fn serve_on_postgres_keeps_to_pg_max_connections() {
+    let test = "serve_on_postgres_keeps_to_pg_max_connections";
+    let url = database_url();
+    if let Err(e) = reachable().await {
+        unreachable(test, &url, &e);
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let schema = TestSchema::adopt(TestSchema::random_name());
+    let migrate = herald(dir.path())
+        .args(["migrate", "--store", &url, "--schema", schema.name()])
+        .output()
+        .unwrap();
+    assert!(
+        migrate.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrate.stderr)
+    );
+    let app = schema.name().to_string();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let mut cmd = herald(dir.path());
+    cmd.args(["serve", "--listen", "127.0.0.1:0"])
+        .args(["--store", &format!("{url}{sep}application_name={app}")])
+        .args(["--noop-handler", "work"])
+        .env("HERALD_PG_SCHEMA", schema.name())
+        .env("HERALD_PG_MAX_CONNECTIONS", "2");
+    let mut s = Server::start(cmd);
+
+    let watcher = sqlx::PgPool::connect(&url).await.unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let most = tokio::spawn({
+        let stop = stop.clone();
+        let app = app.clone();
+        async move {
+            let mut most = 0i64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let (n,): (i64,) = sqlx::query_as(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                )
+                .bind(&app)
+                .fetch_one(&watcher)
+                .await
+                .unwrap();
+                most = most.max(n);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            most
+        }
+    });
+    let batches: Vec<_> = (0..10)
+        .map(|b| {
+            let events: Vec<Value> = (0..100)
+                .map(
+                    |n| json!({"tenant": "acme", "handler": "work", "payload": {"n": b * 100 + n}}),
+                )
+                .collect();
+            let request = reqwest::Client::new()
+                .post(s.url("/v1/events/batch"))
+                .json(&json!({ "events": events }));
+            tokio::spawn(async move { request.send().await.unwrap().status().as_u16() })
+        })
+        .collect();
+    for batch in batches {
+        assert_eq!(batch.await.unwrap(), 201);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, stats, _) = get(&s, "/v1/stats", None).await;
+        if stats["recent"]["handlers"]["work"]["emit_to_start_seconds"]["samples"] == 1000 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not every event ran: {stats}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let most = most.await.unwrap();
+    assert!((1..=2).contains(&most), "{most} connections");
+    s.signal("-TERM");
+    assert!(s.wait(Duration::from_secs(30)).success());
+}

@@ -26,6 +26,12 @@ pub const DEFAULT_MAX_BATCH: usize = 1000;
 pub const MIN_REQUEST_BYTES: usize = 16 << 20;
 /// How long shutdown waits for running handlers by default.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
+/// PostgreSQL connections per process by default: sqlx's default. Every
+/// store call is one short statement or transaction, and handlers hold no
+/// connection, so 10 serve a worker's claims, renewals, reconciler and API.
+pub const DEFAULT_PG_MAX_CONNECTIONS: u32 = 10;
+/// How long a store call waits for a free PostgreSQL connection by default.
+pub const DEFAULT_PG_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A configuration error: which key, from where, and what is wrong with it.
 #[derive(Debug, thiserror::Error)]
@@ -137,8 +143,18 @@ impl AuthConfig {
 pub enum QueueLocation {
     /// The in-process queue (one process).
     Memory,
-    /// NATS JetStream at this URL (many worker processes).
+    /// NATS JetStream at this URL (many worker processes). It may hold
+    /// credentials; its `Display` hides them.
     Nats(String),
+}
+
+impl std::fmt::Display for QueueLocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QueueLocation::Memory => write!(f, "memory"),
+            QueueLocation::Nats(url) => write!(f, "{}", herald_nats::redact_url(url)),
+        }
+    }
 }
 
 /// The default NATS stream name.
@@ -155,6 +171,17 @@ pub struct ServeConfig {
     pub queue: QueueLocation,
     /// The NATS stream (and subject prefix) of the notifications.
     pub nats_stream: String,
+    /// Replicas of the NATS stream (and its consumer) when herald creates it.
+    pub nats_replicas: usize,
+    /// `MaxAckPending` of the NATS consumer when herald creates it; an
+    /// existing one must allow at least this many, or be unlimited.
+    pub nats_max_ack_pending: i64,
+    /// A NATS credentials file (`.creds`).
+    pub nats_credentials: Option<PathBuf>,
+    /// Most PostgreSQL connections in the pool.
+    pub pg_max_connections: u32,
+    /// How long a store call waits for a free PostgreSQL connection.
+    pub pg_acquire_timeout: Duration,
     /// The HTTP API's address.
     pub listen: SocketAddr,
     /// The largest payload, in bytes of JSON text.
@@ -193,6 +220,11 @@ struct FileConfig {
     pg_schema: Option<String>,
     queue: Option<String>,
     nats_stream: Option<String>,
+    nats_replicas: Option<u64>,
+    nats_max_ack_pending: Option<i64>,
+    nats_credentials: Option<String>,
+    pg_max_connections: Option<u64>,
+    pg_acquire_timeout: Option<Dur>,
     listen: Option<String>,
     max_payload_bytes: Option<u64>,
     max_request_bytes: Option<u64>,
@@ -280,6 +312,23 @@ const ENV_KEYS: &[(&str, &str, Kind)] = &[
     ("HERALD_PG_SCHEMA", "pg_schema", Kind::Text),
     ("HERALD_QUEUE", "queue", Kind::Text),
     ("HERALD_NATS_STREAM", "nats_stream", Kind::Text),
+    ("HERALD_NATS_REPLICAS", "nats_replicas", Kind::Integer),
+    (
+        "HERALD_NATS_MAX_ACK_PENDING",
+        "nats_max_ack_pending",
+        Kind::Integer,
+    ),
+    ("HERALD_NATS_CREDENTIALS", "nats_credentials", Kind::Text),
+    (
+        "HERALD_PG_MAX_CONNECTIONS",
+        "pg_max_connections",
+        Kind::Integer,
+    ),
+    (
+        "HERALD_PG_ACQUIRE_TIMEOUT",
+        "pg_acquire_timeout",
+        Kind::Text,
+    ),
     ("HERALD_LISTEN", "listen", Kind::Text),
     (
         "HERALD_MAX_PAYLOAD_BYTES",
@@ -507,7 +556,7 @@ fn resolve(raw: FileConfig, origins: &Origins) -> Result<ServeConfig, ConfigErro
         other => {
             return Err(err(
                 "queue",
-                format!("{other:?} is not a queue this build has; write \"memory\" (the in-process queue) or a NATS URL like \"nats://127.0.0.1:4222\""),
+                format!("{:?} is not a queue this build has; write \"memory\" (the in-process queue) or a NATS URL like \"nats://127.0.0.1:4222\"", herald_nats::redact_url(other)),
             ))
         }
     };
@@ -526,6 +575,81 @@ fn resolve(raw: FileConfig, origins: &Origins) -> Result<ServeConfig, ConfigErro
             ),
         ));
     }
+    let nats_replicas = match raw.nats_replicas {
+        None => 1,
+        Some(n @ 1..=5) => n as usize,
+        Some(n) => {
+            return Err(err(
+                "nats_replicas",
+                format!("{n} is not a number of replicas JetStream keeps: write 1 to 5 (3 for a 3-node cluster; 1 is the default)"),
+            ))
+        }
+    };
+    let nats_max_ack_pending = match raw.nats_max_ack_pending {
+        None => herald_nats::DEFAULT_MAX_ACK_PENDING,
+        Some(n) if n >= 1 => n,
+        Some(n) => {
+            return Err(err(
+                "nats_max_ack_pending",
+                format!("{n} is not a usable MaxAckPending: write a whole number from 1 ({} is the default; for unlimited, create the consumer yourself with --max-pending=-1)", herald_nats::DEFAULT_MAX_ACK_PENDING),
+            ))
+        }
+    };
+    let nats_credentials = match raw.nats_credentials {
+        None => None,
+        Some(path) => {
+            let key = "nats_credentials";
+            let path = PathBuf::from(path);
+            match std::fs::metadata(&path) {
+                Ok(m) if m.is_file() => {}
+                Ok(_) => {
+                    return Err(err(
+                        key,
+                        format!(
+                            "{} is not a file; give the path of a NATS .creds file",
+                            path.display()
+                        ),
+                    ))
+                }
+                Err(e) => return Err(err(key, format!("cannot read {}: {e}", path.display()))),
+            }
+            if let QueueLocation::Nats(url) = &queue {
+                // The redacted form differs exactly when the URL holds credentials.
+                if herald_nats::redact_url(url) != *url {
+                    return Err(err(
+                        key,
+                        format!(
+                            "is set, and the queue URL {} holds credentials too: use one of them",
+                            queue
+                        ),
+                    ));
+                }
+            }
+            Some(path)
+        }
+    };
+    let pg_max_connections = match raw.pg_max_connections {
+        None => DEFAULT_PG_MAX_CONNECTIONS,
+        Some(n) => match u32::try_from(n) {
+            Ok(n) if n >= 1 => n,
+            _ => {
+                return Err(err(
+                    "pg_max_connections",
+                    format!("{n} is not a pool size: write a whole number from 1 ({DEFAULT_PG_MAX_CONNECTIONS} is the default)"),
+                ))
+            }
+        },
+    };
+    let pg_acquire_timeout = match raw.pg_acquire_timeout {
+        None => DEFAULT_PG_ACQUIRE_TIMEOUT,
+        Some(Dur(d)) if d.is_zero() => {
+            return Err(err(
+                "pg_acquire_timeout",
+                "must be more than 0s (10s is the default)".into(),
+            ))
+        }
+        Some(Dur(d)) => d,
+    };
     let listen_text = raw.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
     let listen: SocketAddr = listen_text.trim().parse().map_err(|_| {
         err(
@@ -638,6 +762,11 @@ fn resolve(raw: FileConfig, origins: &Origins) -> Result<ServeConfig, ConfigErro
         pg_schema,
         queue,
         nats_stream,
+        nats_replicas,
+        nats_max_ack_pending,
+        nats_credentials,
+        pg_max_connections,
+        pg_acquire_timeout,
         listen,
         max_payload_bytes,
         max_request_bytes,
@@ -1020,5 +1149,163 @@ mod tests {
     fn passwords_are_not_shown() {
         let s = StoreLocation::Postgres("postgres://app:secret@db:5432/app".into());
         assert_eq!(s.to_string(), "postgres://app:***@db:5432/app");
+        let q = QueueLocation::Nats("nats://herald:secret@nats-1:4222".into());
+        assert_eq!(q.to_string(), "nats://herald:***@nats-1:4222");
+        let q = QueueLocation::Nats("tls://secret@nats-1:4222".into());
+        assert_eq!(q.to_string(), "tls://***@nats-1:4222");
+        let m = message(load_with(
+            Some("queue = \"nat://herald:secret@nats-1:4222\""),
+            &[],
+            Overrides::default(),
+        ));
+        assert!(
+            m.contains("\"nat://herald:***@nats-1:4222\" is not a queue"),
+            "{m}"
+        );
+        assert!(!m.contains("secret"), "{m}");
+    }
+
+    #[test]
+    fn nats_and_pool_settings_have_defaults() {
+        let c = load_with(None, &[], Overrides::default()).unwrap();
+        assert_eq!(c.nats_replicas, 1);
+        assert_eq!(c.nats_max_ack_pending, 100_000);
+        assert_eq!(c.nats_credentials, None);
+        assert_eq!(c.pg_max_connections, 10);
+        assert_eq!(c.pg_acquire_timeout, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn nats_and_pool_settings_are_read_from_the_file_and_the_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let creds = dir.path().join("herald.creds");
+        std::fs::write(&creds, "").unwrap();
+        let file = format!(
+            "queue = \"nats://n1:4222\"\nnats_replicas = 3\nnats_max_ack_pending = 250000\nnats_credentials = \"{}\"\npg_max_connections = 32\npg_acquire_timeout = \"2s\"\n",
+            creds.display()
+        );
+        let c = load_with(Some(&file), &[], Overrides::default()).unwrap();
+        assert_eq!(c.queue, QueueLocation::Nats("nats://n1:4222".into()));
+        assert_eq!(c.nats_replicas, 3);
+        assert_eq!(c.nats_max_ack_pending, 250_000);
+        assert_eq!(c.nats_credentials, Some(creds.clone()));
+        assert_eq!(c.pg_max_connections, 32);
+        assert_eq!(c.pg_acquire_timeout, Duration::from_secs(2));
+        let c = load_with(
+            Some(&file),
+            &[
+                ("HERALD_NATS_REPLICAS", "5"),
+                ("HERALD_NATS_MAX_ACK_PENDING", "7"),
+                ("HERALD_PG_MAX_CONNECTIONS", "4"),
+                ("HERALD_PG_ACQUIRE_TIMEOUT", "500ms"),
+            ],
+            Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                c.nats_replicas,
+                c.nats_max_ack_pending,
+                c.pg_max_connections
+            ),
+            (5, 7, 4)
+        );
+        assert_eq!(c.pg_acquire_timeout, Duration::from_millis(500));
+        let c = load_with(
+            None,
+            &[("HERALD_NATS_CREDENTIALS", creds.to_str().unwrap())],
+            Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(c.nats_credentials, Some(creds));
+    }
+
+    #[test]
+    fn bad_nats_and_pool_settings_name_the_key_and_the_fix() {
+        let cases: &[(&str, &str)] = &[
+            (
+                "nats_replicas = 0",
+                "nats_replicas: 0 is not a number of replicas JetStream keeps: write 1 to 5",
+            ),
+            (
+                "nats_replicas = 7",
+                "nats_replicas: 7 is not a number of replicas JetStream keeps",
+            ),
+            (
+                "nats_max_ack_pending = 0",
+                "nats_max_ack_pending: 0 is not a usable MaxAckPending: write a whole number from 1",
+            ),
+            (
+                "nats_max_ack_pending = -1",
+                "nats_max_ack_pending: -1 is not a usable MaxAckPending",
+            ),
+            (
+                "nats_credentials = \"/nonexistent/herald.creds\"",
+                "nats_credentials: cannot read /nonexistent/herald.creds: No such file",
+            ),
+            (
+                "nats_credentials = \"/\"",
+                "nats_credentials: / is not a file",
+            ),
+            (
+                "pg_max_connections = 0",
+                "pg_max_connections: 0 is not a pool size: write a whole number from 1 (10 is the default)",
+            ),
+            (
+                "pg_max_connections = 5000000000",
+                "pg_max_connections: 5000000000 is not a pool size",
+            ),
+            (
+                "pg_acquire_timeout = \"0s\"",
+                "pg_acquire_timeout: must be more than 0s",
+            ),
+            (
+                "pg_acquire_timeout = \"later\"",
+                "pg_acquire_timeout: \"later\" is not a duration",
+            ),
+        ];
+        for (file, want) in cases {
+            let m = message(load_with(Some(file), &[], Overrides::default()));
+            assert!(m.contains(want), "{file:?}: {m}");
+            assert!(m.contains("herald.toml"), "names the file: {m}");
+        }
+        let m = message(load_with(
+            None,
+            &[("HERALD_NATS_REPLICAS", "three")],
+            Overrides::default(),
+        ));
+        assert!(
+            m.starts_with("environment variable HERALD_NATS_REPLICAS: nats_replicas: \"three\" is not a whole number"),
+            "{m}"
+        );
+        let m = message(load_with(
+            None,
+            &[("HERALD_PG_MAX_CONNECTIONS", "0")],
+            Overrides::default(),
+        ));
+        assert!(
+            m.starts_with("environment variable HERALD_PG_MAX_CONNECTIONS: pg_max_connections: 0 is not a pool size"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn credentials_in_the_url_and_a_credentials_file_are_not_both_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        let creds = dir.path().join("herald.creds");
+        std::fs::write(&creds, "").unwrap();
+        let m = message(load_with(
+            Some(&format!(
+                "queue = \"nats://herald:secret@n1:4222\"\nnats_credentials = \"{}\"\n",
+                creds.display()
+            )),
+            &[],
+            Overrides::default(),
+        ));
+        assert!(
+            m.contains("nats_credentials: is set, and the queue URL nats://herald:***@n1:4222 holds credentials too: use one of them"),
+            "{m}"
+        );
+        assert!(!m.contains("secret"), "{m}");
     }
 }
