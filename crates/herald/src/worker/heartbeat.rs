@@ -16,11 +16,11 @@ pub(super) async fn heartbeat_loop(shared: Arc<Shared>) {
             _ = tokio::time::sleep(every) => {}
             _ = shared.stop_background.cancelled() => return,
         }
-        beat(&shared).await;
+        beat(&shared, every).await;
     }
 }
 
-async fn beat(shared: &Shared) {
+async fn beat(shared: &Shared, every: std::time::Duration) {
     let held: Vec<LeaseRef> = shared
         .runs
         .lock()
@@ -50,8 +50,15 @@ async fn beat(shared: &Shared) {
                 }
             }
             WorkerStats::add(&shared.stats.renewed, tags.len());
-            if let Err(e) = shared.queue.extend(&tags).await {
-                tracing::warn!(error = %e, "cannot extend notification deadlines");
+            // The store's lease is what counts: a queue that cannot answer
+            // (its broker is down) must not hold up the next renewal.
+            match tokio::time::timeout(every, shared.queue.extend(&tags)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "cannot extend notification deadlines"),
+                Err(_) => tracing::warn!(
+                    waited = ?every,
+                    "cannot extend notification deadlines: the queue did not answer"
+                ),
             }
         }
         Err(e) => {
