@@ -42,6 +42,12 @@ pub const NOT_BEFORE: &str = "Herald-Not-Before";
 /// How long one pull request waits for a message before asking again.
 const PULL_WAIT: Duration = Duration::from_secs(5);
 
+/// How long a pull may go without a message or its end before it is given
+/// up. A pull whose answer was lost (the server restarted between the
+/// request and the answer) would otherwise never end: a no-wait fetch has
+/// no timer of its own. A waiting pull ends by itself after `PULL_WAIT`.
+const PULL_STALL: Duration = Duration::from_secs(10);
+
 /// How a [`NatsQueue`] names and configures its stream and consumer.
 #[derive(Clone, Debug)]
 pub struct NatsConfig {
@@ -297,7 +303,18 @@ impl NatsQueue {
                     }
                 }
             }
-            let next = state.batch.as_mut().expect("opened").next().await;
+            let next =
+                tokio::time::timeout(PULL_STALL, state.batch.as_mut().expect("opened").next())
+                    .await;
+            let Ok(next) = next else {
+                // Its messages, if any were sent, come back after AckWait.
+                tracing::warn!(
+                    "pull from {} got no answer within {PULL_STALL:?}; pulling again",
+                    self.config.consumer
+                );
+                state.batch = None;
+                continue;
+            };
             match next {
                 Some(Ok(m)) => {
                     let mut out = Vec::new();
