@@ -48,6 +48,12 @@ const PULL_WAIT: Duration = Duration::from_secs(5);
 /// no timer of its own. A waiting pull ends by itself after `PULL_WAIT`.
 const PULL_STALL: Duration = Duration::from_secs(10);
 
+/// How long an answer to deliveries (ack, nak, in progress, term) may wait
+/// for the server. async-nats holds a flush, and a request, until it has
+/// reconnected: without a bound, a worker's answers would wait for as long
+/// as the server is down.
+const ANSWER_WAIT: Duration = Duration::from_secs(5);
+
 /// How a [`NatsQueue`] names and configures its stream and consumer.
 #[derive(Clone, Debug)]
 pub struct NatsConfig {
@@ -229,17 +235,22 @@ impl NatsQueue {
     }
 
     async fn answer(&self, tags: &[DeliveryTag], kind: impl Fn() -> AckKind) -> QueueResult<()> {
-        for tag in tags {
-            let payload: bytes::Bytes = kind().into();
+        let send = async {
+            for tag in tags {
+                let payload: bytes::Bytes = kind().into();
+                self.client
+                    .publish(tag.0.clone(), payload)
+                    .await
+                    .map_err(|e| backend("answer a delivery", e))?;
+            }
             self.client
-                .publish(tag.0.clone(), payload)
+                .flush()
                 .await
-                .map_err(|e| backend("answer a delivery", e))?;
-        }
-        self.client
-            .flush()
+                .map_err(|e| backend("flush answers", e))
+        };
+        tokio::time::timeout(ANSWER_WAIT, send)
             .await
-            .map_err(|e| backend("flush answers", e))
+            .map_err(|_| backend("flush answers", format!("no answer within {ANSWER_WAIT:?}")))?
     }
 
     /// Splits pulled messages into due deliveries; naks the rest with the time left.
@@ -462,11 +473,16 @@ impl Queue for NatsQueue {
     async fn ack(&self, tags: &[DeliveryTag]) -> QueueResult<()> {
         for tag in tags {
             let reply = tokio::time::timeout(
-                Duration::from_secs(5),
+                ANSWER_WAIT,
                 self.client.request(tag.0.clone(), "+ACK".into()),
             )
             .await
-            .map_err(|_| backend("confirm an ack", "no answer within 5 s"))?
+            .map_err(|_| {
+                backend(
+                    "confirm an ack",
+                    format!("no answer within {ANSWER_WAIT:?}"),
+                )
+            })?
             .map_err(|e| backend("confirm an ack", e))?;
             if let Some(status) = reply.status {
                 if !status.is_success() {

@@ -183,6 +183,51 @@ async fn receive_survives_a_server_restart() {
     );
 }
 
+/// While the server is down, answers to deliveries (nack, extend,
+/// terminate, ack) fail within a few seconds instead of waiting for the
+/// client to reconnect: a worker's heartbeat and settle loop must not stall
+/// for the whole outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_fail_rather_than_wait_while_the_server_is_down() {
+    let mut server = match OwnServer::start().await {
+        Ok(s) => s,
+        Err(e) => {
+            unreachable(&test_name(), "a nats-server of its own", &e);
+            return;
+        }
+    };
+    let q = NatsQueue::connect(NatsConfig::new(server.url(), "down", ACK_WAIT))
+        .await
+        .unwrap();
+    q.publish(&[note()]).await.unwrap();
+    let got = q.receive(1).await.unwrap();
+    let tag = got[0].tag.clone();
+    server.stop();
+    // All four at once: each fails within the same bound.
+    let bound = Duration::from_secs(15);
+    let nacks = [(tag.clone(), Duration::ZERO)];
+    let tags = [tag];
+    let (nack, extend, terminate, ack) = tokio::join!(
+        tokio::time::timeout(bound, q.nack(&nacks)),
+        tokio::time::timeout(bound, q.extend(&tags)),
+        tokio::time::timeout(bound, q.terminate(&tags)),
+        tokio::time::timeout(bound, q.ack(&tags)),
+    );
+    for (what, answer) in [
+        ("nack", nack),
+        ("extend", extend),
+        ("terminate", terminate),
+        ("ack", ack),
+    ] {
+        let answer = answer
+            .unwrap_or_else(|_| panic!("{what} waited past {bound:?} while the server was down"));
+        assert!(
+            answer.is_err(),
+            "{what} succeeded while the server was down"
+        );
+    }
+}
+
 /// A confirmed ack of a delivery that was already acked still gets its
 /// confirmation (a late duplicate answer is not an error).
 #[tokio::test]
