@@ -48,6 +48,9 @@ const PULL_WAIT: Duration = Duration::from_secs(5);
 /// no timer of its own. A waiting pull ends by itself after `PULL_WAIT`.
 const PULL_STALL: Duration = Duration::from_secs(10);
 
+/// How many times a publish is tried, with the same `Nats-Msg-Id`.
+const PUBLISH_TRIES: u32 = 3;
+
 /// How long an answer to deliveries (ack, nak, in progress, term) may wait
 /// for the server. async-nats holds a flush, and a request, until it has
 /// reconnected: without a bound, a worker's answers would wait for as long
@@ -205,9 +208,21 @@ impl NatsQueue {
     /// Publishes one message, retrying with the same id (so a retry of a
     /// publish that did land is deduplicated).
     async fn publish_one(&self, payload: Vec<u8>, delay: Duration, id: String) -> QueueResult<()> {
+        self.publish_retry(payload, delay, id, 0, None).await
+    }
+
+    /// Tries `attempt..PUBLISH_TRIES` of one publish; `last` is the error of
+    /// the tries before.
+    async fn publish_retry(
+        &self,
+        payload: Vec<u8>,
+        delay: Duration,
+        id: String,
+        first: u32,
+        mut last: Option<String>,
+    ) -> QueueResult<()> {
         let headers = self.headers(&id, delay);
-        let mut last = None;
-        for attempt in 0..3u32 {
+        for attempt in first..PUBLISH_TRIES {
             if attempt > 0 {
                 tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
             }
@@ -447,13 +462,38 @@ fn check_consumer(config: &NatsConfig, got: &consumer::Config) -> QueueResult<()
 impl Queue for NatsQueue {
     async fn publish(&self, batch: &[Publish]) -> QueueResult<()> {
         let ms = unix_ms(SystemTime::now());
+        // Send them all, then wait for the acks: a batch costs about one
+        // round trip, not one per message.
+        let mut sent = Vec::with_capacity(batch.len());
         for p in batch {
             let n = self.generation.fetch_add(1, Ordering::Relaxed);
             let id = format!(
                 "{}:{}:{ms}-{n}",
                 p.notification.tenant, p.notification.event_id
             );
-            self.publish_one(p.notification.encode(), p.delay, id)
+            let payload = p.notification.encode();
+            let ack = self
+                .js
+                .publish_with_headers(
+                    self.config.subject.clone(),
+                    self.headers(&id, p.delay),
+                    payload.clone().into(),
+                )
+                .await;
+            sent.push((p.delay, id, payload, ack));
+        }
+        for (delay, id, payload, ack) in sent {
+            let error = match ack {
+                Ok(ack) => match ack.await {
+                    Ok(_) => continue,
+                    Err(e) => e.to_string(),
+                },
+                Err(e) => e.to_string(),
+            };
+            // The rest of the tries, with the same id. Stop at the first
+            // message that still fails, as the server is likely gone: the
+            // reconciler notifies what was not.
+            self.publish_retry(payload, delay, id, 1, Some(error))
                 .await?;
         }
         Ok(())
@@ -471,26 +511,29 @@ impl Queue for NatsQueue {
     }
 
     async fn ack(&self, tags: &[DeliveryTag]) -> QueueResult<()> {
-        for tag in tags {
-            let reply = tokio::time::timeout(
-                ANSWER_WAIT,
-                self.client.request(tag.0.clone(), "+ACK".into()),
-            )
-            .await
-            .map_err(|_| {
-                backend(
-                    "confirm an ack",
-                    format!("no answer within {ANSWER_WAIT:?}"),
-                )
-            })?
-            .map_err(|e| backend("confirm an ack", e))?;
-            if let Some(status) = reply.status {
-                if !status.is_success() {
-                    return Err(backend("confirm an ack", status));
+        // Every confirmation at once: a batch costs about one round trip.
+        let confirm = |tag: &DeliveryTag| {
+            let request = self.client.request(tag.0.clone(), "+ACK".into());
+            async move {
+                let reply = tokio::time::timeout(ANSWER_WAIT, request)
+                    .await
+                    .map_err(|_| {
+                        backend(
+                            "confirm an ack",
+                            format!("no answer within {ANSWER_WAIT:?}"),
+                        )
+                    })?
+                    .map_err(|e| backend("confirm an ack", e))?;
+                match reply.status {
+                    Some(status) if !status.is_success() => Err(backend("confirm an ack", status)),
+                    _ => Ok(()),
                 }
             }
-        }
-        Ok(())
+        };
+        futures::future::join_all(tags.iter().map(confirm))
+            .await
+            .into_iter()
+            .collect()
     }
 
     async fn nack(&self, batch: &[(DeliveryTag, Duration)]) -> QueueResult<()> {
