@@ -48,8 +48,17 @@ pub const NOT_BEFORE: &str = "Herald-Not-Before";
 /// How long one pull request waits for a message before asking again.
 const PULL_WAIT: Duration = Duration::from_secs(5);
 
-/// How long a confirmed ack waits for the server's answer.
-const ACK_CONFIRM: Duration = Duration::from_secs(5);
+/// How long a pull may go without a message or its end before it is given
+/// up. A pull whose answer was lost (the server restarted between the
+/// request and the answer) would otherwise never end: a no-wait fetch has
+/// no timer of its own. A waiting pull ends by itself after `PULL_WAIT`.
+const PULL_STALL: Duration = Duration::from_secs(10);
+
+/// How long an answer to deliveries (ack, nak, in progress, term) may wait
+/// for the server. async-nats holds a flush, and a request, until it has
+/// reconnected: without a bound, a worker's answers would wait for as long
+/// as the server is down.
+const ANSWER_WAIT: Duration = Duration::from_secs(5);
 
 /// How many times one publish is tried, with the same `Nats-Msg-Id`.
 const PUBLISH_TRIES: u32 = 3;
@@ -534,21 +543,26 @@ impl NatsQueue {
         )))
     }
 
-    /// Sends unconfirmed answers (nak, in-progress, term), then one flush.
+    /// Sends unconfirmed answers (nak, in-progress, term), then one flush,
+    /// all within [`ANSWER_WAIT`]. Answers that did not go out are
+    /// harmless: the server redelivers after `AckWait`.
     async fn answer(&self, answers: Vec<(&DeliveryTag, AckKind)>) -> QueueResult<()> {
-        for (tag, kind) in answers {
-            let payload: bytes::Bytes = kind.into();
+        let send = async {
+            for (tag, kind) in answers {
+                let payload: bytes::Bytes = kind.into();
+                self.client
+                    .publish(tag.0.clone(), payload)
+                    .await
+                    .map_err(|e| backend("answer a delivery", e))?;
+            }
             self.client
-                .publish(tag.0.clone(), payload)
+                .flush()
                 .await
-                .map_err(|e| backend("answer a delivery", e))?;
-        }
-        // While the server is away a flush waits for the reconnection;
-        // the answers stay buffered and are sent then.
-        tokio::time::timeout(ACK_CONFIRM, self.client.flush())
+                .map_err(|e| backend("flush answers", e))
+        };
+        tokio::time::timeout(ANSWER_WAIT, send)
             .await
-            .map_err(|_| backend("flush answers", "no reconnection within 5 s"))?
-            .map_err(|e| backend("flush answers", e))
+            .map_err(|_| backend("flush answers", format!("no answer within {ANSWER_WAIT:?}")))?
     }
 
     /// Splits pulled messages into due deliveries; naks the rest with the time left.
@@ -612,7 +626,18 @@ impl NatsQueue {
                     }
                 }
             }
-            let next = state.batch.as_mut().expect("opened").next().await;
+            let next =
+                tokio::time::timeout(PULL_STALL, state.batch.as_mut().expect("opened").next())
+                    .await;
+            let Ok(next) = next else {
+                // Its messages, if any were sent, come back after AckWait.
+                tracing::warn!(
+                    "pull from {} got no answer within {PULL_STALL:?}; pulling again",
+                    self.config.consumer
+                );
+                state.batch = None;
+                continue;
+            };
             match next {
                 Some(Ok(m)) => {
                     let mut out = Vec::new();
@@ -803,9 +828,14 @@ impl Queue for NatsQueue {
         let confirm = |tag: &DeliveryTag| {
             let request = self.client.request(tag.0.clone(), "+ACK".into());
             async move {
-                let reply = tokio::time::timeout(ACK_CONFIRM, request)
+                let reply = tokio::time::timeout(ANSWER_WAIT, request)
                     .await
-                    .map_err(|_| backend("confirm an ack", "no answer within 5 s"))?
+                    .map_err(|_| {
+                        backend(
+                            "confirm an ack",
+                            format!("no answer within {ANSWER_WAIT:?}"),
+                        )
+                    })?
                     .map_err(|e| backend("confirm an ack", e))?;
                 match reply.status {
                     Some(status) if !status.is_success() => Err(backend("confirm an ack", status)),

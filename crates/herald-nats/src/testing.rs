@@ -6,9 +6,14 @@
 //! The server is `NATS_URL`, or [`DEFAULT_URL`]. When it can't be reached, a
 //! test prints `SKIPPED <test>: NATS unreachable at <url>: <error>` and
 //! passes; with `CI=true` it fails instead.
+//!
+//! A test that must stop or restart NATS runs an [`OwnServer`]: a
+//! `nats-server` of its own on a free port, never the shared one.
 
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use herald::queue::{Publish, QueueResult};
@@ -41,12 +46,17 @@ pub fn unreachable(test: &str, url: &str, error: &dyn std::fmt::Display) {
 /// Connects to the test server with JetStream, once per call; `Err` when it
 /// does not answer within 5 s or has no JetStream.
 pub async fn connect() -> Result<async_nats::Client, String> {
-    let url = nats_url();
+    connect_to(&nats_url()).await
+}
+
+/// Connects to the server at `url` with JetStream, once per call; `Err`
+/// when it does not answer within 5 s or has no JetStream.
+pub async fn connect_to(url: &str) -> Result<async_nats::Client, String> {
     let client = tokio::time::timeout(
         Duration::from_secs(5),
         async_nats::ConnectOptions::new()
             .connection_timeout(Duration::from_secs(5))
-            .connect(&url),
+            .connect(url),
     )
     .await
     .map_err(|_| "no answer within 5 s".to_string())?
@@ -117,6 +127,142 @@ impl Drop for TestStream {
                 self.name
             ),
         }
+    }
+}
+
+/// How long [`OwnServer::start`] and [`OwnServer::restart`] wait for the
+/// server to answer with JetStream.
+const OWN_SERVER_READY: Duration = Duration::from_secs(20);
+
+/// A `nats-server` of the caller's own, with JetStream: on a free port of
+/// 127.0.0.1, with a store directory of its own (a new temporary
+/// directory), for tests that stop or restart NATS without touching the
+/// shared server. Dropping it kills the server and removes the directory.
+///
+/// The executable is `nats-server`, found on `PATH`. When it can't be run,
+/// [`OwnServer::start`] returns `Err`: pass the message to [`unreachable`]
+/// (a skip, or with `CI=true` a failure).
+#[derive(Debug)]
+pub struct OwnServer {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl OwnServer {
+    /// Starts a server on a free port with a new store directory, and waits
+    /// (up to 20 s) until it answers with JetStream.
+    pub async fn start() -> Result<OwnServer, String> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| format!("cannot find a free port: {e}"))?
+            .port();
+        let dir = std::env::temp_dir().join(format!(
+            "herald-nats-server-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        // From here on the guard removes the directory, whatever happens.
+        let mut server = OwnServer {
+            child: None,
+            port,
+            dir,
+        };
+        server.spawn().await?;
+        Ok(server)
+    }
+
+    /// The server's URL, `nats://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// The server's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server's store directory (`-sd`): its streams live there across restarts.
+    pub fn store_dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Whether the server process was started and not stopped since.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Kills the server (SIGKILL: no clean shutdown) and waits for it to
+    /// exit. Does nothing if it is not running.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills the server if it runs, then starts it again on the same port
+    /// with the same store directory (what was stored survives), and waits
+    /// (up to 20 s) until it answers with JetStream.
+    pub async fn restart(&mut self) -> Result<(), String> {
+        self.stop();
+        self.spawn().await
+    }
+
+    async fn spawn(&mut self) -> Result<(), String> {
+        let child = Command::new("nats-server")
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-js",
+                "-sd",
+            ])
+            .arg(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot run nats-server: {e}"))?;
+        self.child = Some(child);
+        let start = Instant::now();
+        loop {
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                self.child = None;
+                return Err(format!(
+                    "nats-server on port {} exited at start: {status}",
+                    self.port
+                ));
+            }
+            let last = match connect_to(&self.url()).await {
+                Ok(client) => {
+                    drop(client);
+                    return Ok(());
+                }
+                Err(e) => e,
+            };
+            if start.elapsed() > OWN_SERVER_READY {
+                self.stop();
+                return Err(format!(
+                    "nats-server on port {} did not answer within {OWN_SERVER_READY:?}: {last}",
+                    self.port
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

@@ -6,7 +6,9 @@ use std::time::Duration;
 use async_nats::jetstream::{self, consumer, stream};
 use herald::queue::{Publish, Queue, QueueError};
 use herald::{EventId, Notification};
-use herald_nats::testing::{connect, nats_url, random_prefix, test_name, unreachable, TestStream};
+use herald_nats::testing::{
+    connect, nats_url, random_prefix, test_name, unreachable, OwnServer, TestStream,
+};
 use herald_nats::{NatsConfig, NatsQueue};
 
 const ACK_WAIT: Duration = Duration::from_secs(2);
@@ -134,79 +136,30 @@ async fn a_renotify_of_the_same_event_is_not_swallowed() {
     assert_eq!(q.max_delay(), None);
 }
 
-/// A nats-server of this test's own, on a free port, stopped on drop.
-struct OwnServer {
-    child: std::process::Child,
-}
-
-impl Drop for OwnServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_server(port: u16, dir: &std::path::Path) -> std::io::Result<OwnServer> {
-    let child = std::process::Command::new("nats-server")
-        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-        .arg(dir)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()?;
-    Ok(OwnServer { child })
-}
-
-async fn wait_port(port: u16) {
-    for _ in 0..100 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("nats-server did not open port {port}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn receive_survives_a_server_restart() {
-    let test = test_name();
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let dir = std::env::temp_dir().join(format!("herald-nats-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let server = match start_server(port, &dir) {
+    let mut server = match OwnServer::start().await {
         Ok(s) => s,
         Err(e) => {
-            unreachable(
-                &test,
-                "a nats-server of its own",
-                &format!("cannot run nats-server: {e}"),
-            );
-            let _ = std::fs::remove_dir_all(&dir);
+            unreachable(&test_name(), "a nats-server of its own", &e);
             return;
         }
     };
-    wait_port(port).await;
-    let url = format!("nats://127.0.0.1:{port}");
     let q = std::sync::Arc::new(
-        NatsQueue::connect(NatsConfig::new(&url, "restart", ACK_WAIT))
+        NatsQueue::connect(NatsConfig::new(server.url(), "restart", ACK_WAIT))
             .await
             .unwrap(),
     );
     let p = note();
     q.publish(std::slice::from_ref(&p)).await.unwrap();
-    drop(server);
+    server.stop();
     // A receive that starts while the server is down.
     let r = tokio::spawn({
         let q = q.clone();
         async move { q.receive(1).await }
     });
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let _server = start_server(port, &dir).unwrap();
+    server.restart().await.unwrap();
     let got = tokio::time::timeout(Duration::from_secs(30), r)
         .await
         .expect("a delivery after the restart")
@@ -228,8 +181,56 @@ async fn receive_survives_a_server_restart() {
         Notification::decode(&got[0].payload).unwrap(),
         p2.notification
     );
-    drop(_server);
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// While the server is down, answers to deliveries (nack, extend,
+/// terminate, ack) return within a few seconds instead of waiting for the
+/// client to reconnect: a worker's heartbeat and settle loop must not stall
+/// for the whole outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_fail_rather_than_wait_while_the_server_is_down() {
+    let mut server = match OwnServer::start().await {
+        Ok(s) => s,
+        Err(e) => {
+            unreachable(&test_name(), "a nats-server of its own", &e);
+            return;
+        }
+    };
+    let q = NatsQueue::connect(NatsConfig::new(server.url(), "down", ACK_WAIT))
+        .await
+        .unwrap();
+    q.publish(&[note()]).await.unwrap();
+    let got = q.receive(1).await.unwrap();
+    let tag = got[0].tag.clone();
+    server.stop();
+    // All four at once: each fails within the same bound.
+    let bound = Duration::from_secs(15);
+    let nacks = [(tag.clone(), Duration::ZERO)];
+    let tags = [tag];
+    let (nack, extend, terminate, ack) = tokio::join!(
+        tokio::time::timeout(bound, q.nack(&nacks)),
+        tokio::time::timeout(bound, q.extend(&tags)),
+        tokio::time::timeout(bound, q.terminate(&tags)),
+        tokio::time::timeout(bound, q.ack(&tags)),
+    );
+    for (what, answer) in [
+        ("nack", nack),
+        ("extend", extend),
+        ("terminate", terminate),
+        ("ack", ack),
+    ] {
+        let answer = answer
+            .unwrap_or_else(|_| panic!("{what} waited past {bound:?} while the server was down"));
+        // An unconfirmed answer may still "succeed" if it was written to
+        // the socket before the client noticed the server had gone; only
+        // the confirmed ack must fail.
+        if what == "ack" {
+            assert!(
+                answer.is_err(),
+                "ack was confirmed while the server was down"
+            );
+        }
+    }
 }
 
 /// A confirmed ack of a delivery that was already acked still gets its

@@ -332,7 +332,10 @@ impl Client {
         if still_held.holds() {
             return Ok(release);
         }
-        // Page through all of them, however many: no cap.
+        // Page through all of them, however many: no cap. Only an empty page
+        // ends it: a short one does not, because events of a page can finish
+        // while the page is read (the reconciler re-notifies the events of a
+        // rule that is gone, and workers run them meanwhile).
         let mut after = None;
         loop {
             let page = self
@@ -342,11 +345,7 @@ impl Client {
             let Some(last) = page.last() else { break };
             after = Some(last.notification.event_id);
             release.notified += page.len() as u64;
-            let full = page.len() == RENOTIFY_PAGE;
             self.notify(&publishes(page)).await;
-            if !full {
-                break;
-            }
         }
         Ok(release)
     }
