@@ -24,6 +24,7 @@ mod common;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{HeaderMap, StatusCode};
 use common::{herald, Server};
+use herald_nats::testing::OwnServer;
 use herald_postgres::testing::{connect_options, database_url, reachable, unreachable, TestSchema};
 use rand::Rng;
 use serde_json::{json, Value};
@@ -261,7 +262,7 @@ async fn three_workers_survive_a_sigkill_and_a_nats_restart_and_every_event_runs
         unreachable(test, &db, &e);
         return;
     }
-    let mut nats = match OwnServer::start() {
+    let mut nats = match OwnServer::start().await {
         Ok(n) => n,
         Err(e) => {
             herald_nats::testing::unreachable(test, "a nats-server of its own", &e);
@@ -327,7 +328,7 @@ async fn three_workers_survive_a_sigkill_and_a_nats_restart_and_every_event_runs
     }
     nats.stop();
     tokio::time::sleep(NATS_DOWN).await;
-    nats.restart().expect("restart nats-server");
+    nats.restart().await.expect("restart nats-server");
     eprintln!("{:?}: restarted NATS", begun.elapsed());
 
     let ids = tokio::time::timeout(LIMIT, emitter)
@@ -446,68 +447,4 @@ async fn three_workers_survive_a_sigkill_and_a_nats_restart_and_every_event_runs
         runs.len()
     );
     drop(nats);
-}
-
-/// Stand-in until herald_nats::testing has it.
-struct OwnServer {
-    child: Option<std::process::Child>,
-    port: u16,
-    dir: tempfile::TempDir,
-}
-
-impl OwnServer {
-    fn start() -> std::io::Result<OwnServer> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut s = OwnServer {
-            child: None,
-            port,
-            dir: tempfile::tempdir()?,
-        };
-        s.restart()?;
-        Ok(s)
-    }
-    fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
-    }
-    fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-    fn restart(&mut self) -> std::io::Result<()> {
-        self.stop();
-        self.child = Some(
-            std::process::Command::new("nats-server")
-                .args([
-                    "-a",
-                    "127.0.0.1",
-                    "-p",
-                    &self.port.to_string(),
-                    "-js",
-                    "-sd",
-                ])
-                .arg(self.dir.path())
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .spawn()?,
-        );
-        for _ in 0..100 {
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Err(std::io::Error::other("nats-server did not open its port"))
-    }
-}
-
-impl Drop for OwnServer {
-    fn drop(&mut self) {
-        self.stop();
-    }
 }
