@@ -18,7 +18,6 @@
 //! drain's own PostgreSQL CPU time is measured and printed.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,6 +26,7 @@ use herald::{
     Client, Context, EmitOptions, EmitRequest, EventId, MemoryQueue, Millis, NewEvent, Rule,
     RuleKind, Store, Worker,
 };
+use herald_bench::cpu;
 use herald_postgres::PgStore;
 use herald_sqlite::SqliteStore;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -93,30 +93,6 @@ const STATEMENTS_SQL: &str = "SELECT calls, rows, total_exec_time, query \
 
 const PAUSED_TENANT: &str = "tenant-paused";
 const PAUSED_HANDLER: &str = "paused";
-
-/// PostgreSQL server CPU so far, in clock ticks (`pg-cpu --now`).
-fn pg_ticks(tool: &Option<PathBuf>) -> Option<u64> {
-    let tool = tool.as_ref()?;
-    let out = Command::new(tool).arg("--now").output().ok()?;
-    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
-}
-
-/// This process's CPU time so far, in clock ticks (user + system).
-fn own_ticks() -> Option<u64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    let rest = stat.rsplit_once(") ")?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
-}
-
-fn clock_ticks_per_second() -> u64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-        .unwrap_or(100)
-}
 
 struct Pg {
     options: PgConnectOptions,
@@ -337,8 +313,8 @@ async fn main() {
             .reset_statements()
             .await;
     }
-    let ticks_before = pg_ticks(&args.pg_cpu);
-    let own_before = own_ticks();
+    let ticks_before = cpu::pg_ticks(args.pg_cpu.as_deref());
+    let own_before = cpu::process_ticks("self");
     let t = Instant::now();
     let worker = Worker::builder(store.clone(), queue.clone())
         .handler("noop", |_: serde_json::Value, _cx: Context| async {})
@@ -357,8 +333,8 @@ async fn main() {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let drain = t.elapsed().as_secs_f64();
-    let ticks_after = pg_ticks(&args.pg_cpu);
-    let own_after = own_ticks();
+    let ticks_after = cpu::pg_ticks(args.pg_cpu.as_deref());
+    let own_after = cpu::process_ticks("self");
     let stats = worker.stats();
     worker.shutdown(Duration::from_secs(5)).await;
     if let Some(mut c) = held.take() {
@@ -373,19 +349,15 @@ async fn main() {
         .map(|c| c.count)
         .sum();
     assert_eq!(left, 0, "every event must be deleted after the drain");
-    let cpu = match (ticks_before, ticks_after) {
-        (Some(a), Some(b)) => {
-            let ms = (b.saturating_sub(a)) * 1000 / clock_ticks_per_second();
-            format!(
-                " drain_pg_cpu_ms={ms} pg_cpu_ms_per_1000={:.1}",
-                ms as f64 * 1000.0 / args.events as f64
-            )
-        }
-        _ => String::new(),
+    let pg_cpu = match cpu::ms_between(ticks_before, ticks_after) {
+        Some(ms) => format!(
+            " drain_pg_cpu_ms={ms} pg_cpu_ms_per_1000={:.1}",
+            ms as f64 * 1000.0 / args.events as f64
+        ),
+        None => String::new(),
     };
-    let own = match (own_before, own_after) {
-        (Some(a), Some(b)) => {
-            let ms = (b.saturating_sub(a)) * 1000 / clock_ticks_per_second();
+    let own = match cpu::ms_between(own_before, own_after) {
+        Some(ms) => {
             format!(
                 " drain_process_cpu_ms={ms} process_cpu_ms_per_1000={:.1}",
                 ms as f64 * 1000.0 / args.events as f64
@@ -406,7 +378,7 @@ async fn main() {
         args.events as f64 / drain,
         stats.claimed,
         stats.requeued,
-        cpu,
+        pg_cpu,
         own,
     );
     if let Some(p) = &pg {

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# No-op drain by 1, 2 and 3 `herald serve` worker processes on PostgreSQL +
+# NATS JetStream (bench/src/fleet_drain.rs): RUNS runs of each (default 3),
+# each run's line, then a table of medians.
+#
+#   bench/fleet-drain.sh
+#   RUNS=5 EVENTS=100000 WORKERS="1 3" EXTRA="--concurrency 256" bench/fleet-drain.sh
+#   STORE=postgres://… NATS=nats://… bench/fleet-drain.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${RUNS:-3}
+EVENTS=${EVENTS:-200000}
+WORKERS=${WORKERS:-"1 2 3"}
+EXTRA=${EXTRA:-}
+STORE=${STORE:-${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}}
+NATS=${NATS:-${NATS_URL:-nats://127.0.0.1:4222}}
+PG_CPU=${PG_CPU:-/work/shared/tools/pg-cpu}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
+cargo build --release -q -p herald-server -p herald-bench --bin herald --bin fleet-drain
+BIN=$CARGO_TARGET_DIR/release
+pg_cpu=()
+[ -x "$PG_CPU" ] && pg_cpu=(--pg-cpu "$PG_CPU")
+nats_pid=()
+pid=$(pgrep -xo nats-server || true)
+[ -n "$pid" ] && nats_pid=(--nats-pid "$pid")
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+for n in $WORKERS; do
+  for run in $(seq 1 "$RUNS"); do
+    echo "== workers=$n run $run"
+    # shellcheck disable=SC2086
+    "$BIN/fleet-drain" --herald "$BIN/herald" --store "$STORE" --nats "$NATS" \
+      --workers "$n" --events "$EVENTS" "${pg_cpu[@]}" "${nats_pid[@]}" $EXTRA | tee -a "$out"
+  done
+done
+echo
+echo "medians of $RUNS runs, $EVENTS events each"
+awk '
+  function field(name,   i, kv) {
+    for (i = 1; i <= NF; i++) { split($i, kv, "="); if (kv[1] == name) return kv[2] }
+    return ""
+  }
+  function median(list,   a, n, i, j, t) {
+    n = split(list, a, " ")
+    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
+    if (n == 0) return "-"
+    return (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+  }
+  /^fleet-drain / {
+    w = field("workers"); seen[w] = 1
+    for (k = 1; k <= ncols; k++) { v = field(cols[k]); if (v != "") vals[w, k] = vals[w, k] " " v }
+  }
+  BEGIN {
+    ncols = split("events_per_s steady_events_per_s startup_s drain_s pg_cpu_ms_per_1000 workers_cpu_ms_per_1000 nats_cpu_ms_per_1000 machine_busy_pct load_before", cols, " ")
+  }
+  END {
+    printf "%-8s", "workers"; for (k = 1; k <= ncols; k++) printf " %s", cols[k]; printf "\n"
+    for (w = 1; w <= 64; w++) if (w in seen) {
+      printf "%-8s", w
+      for (k = 1; k <= ncols; k++) printf " %*s", length(cols[k]), median(vals[w, k])
+      printf "\n"
+    }
+  }' "$out"

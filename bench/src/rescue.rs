@@ -1,0 +1,519 @@
+//! Rescue time after SIGKILL, on PostgreSQL + NATS JetStream with real
+//! `herald serve` worker processes: how long after a worker dies do its
+//! events start again on another worker?
+//!
+//! `cargo build --release -p herald-server -p herald-bench`, then
+//!
+//! `$CARGO_TARGET_DIR/release/rescue --kills 20 --lease-secs 3` (or `bench/rescue.sh`)
+//!
+//! # The setup
+//!
+//! A fresh schema (migrated with `herald migrate`) and NATS stream; three
+//! workers (`--workers`), each with its own `herald.toml` that differs only
+//! in the URL of its webhook handler `hold`: worker `wN` posts to
+//! `/run/wN` on an HTTP server inside this program, so every request says
+//! which process ran the event (`Herald-Event-Id` says which event).
+//! `worker.lease` is `--lease-secs` (3 s); `sweep_quiet` is an hour, so the
+//! reconciler re-notifies no event for being quiet (see below for what it
+//! still does).
+//!
+//! # A round
+//!
+//! 1. Emit `--events-per-round` (6) events through the library. The first
+//!    run of each event is held: its webhook request gets no answer yet.
+//!    Later runs are answered 200 at once.
+//! 2. When all have started, wait `--kill-delay-ms` (default: random, up to
+//!    one lease, so that kills land at every phase of the heartbeat), then
+//!    SIGKILL the worker holding the most of them; the kill instant is taken
+//!    just before the signal. The store is asked when each of its events'
+//!    leases lapses ("lease left").
+//! 3. For each of the killed worker's events, the instant its next run's
+//!    request arrives (from another worker) gives its rescue time.
+//! 4. Release the held requests, wait until the store holds none of the
+//!    round's events, and start the killed worker again (a fresh process,
+//!    same config); wait for it to listen.
+//!
+//! # What determines the rescue time
+//!
+//! The dead worker's notifications are unacknowledged NATS deliveries. The
+//! consumer's `AckWait` equals the lease, and it restarts with every
+//! in-progress ack, which the heartbeat sends every `lease / 3` right after
+//! renewing the PostgreSQL leases (to now + lease). So:
+//!
+//! - an event whose lease was renewed before the kill is redelivered
+//!   `lease` after the last in-progress ack, just after its PostgreSQL lease
+//!   lapsed; another worker claims it at once. Rescue = the lease left at
+//!   the kill, between `lease - lease/3` and `lease`, plus the claim;
+//! - an event killed before its first renewal is redelivered `lease` after
+//!   its first delivery, a few milliseconds before its PostgreSQL lease
+//!   (taken at the claim, after the delivery) lapses. The claim then finds
+//!   a live lease, and the worker naks the notification until the lease's
+//!   expiry plus a random 0 to 1 s (`Policy::lease_jitter`). Rescue = the
+//!   lease left, plus up to 1 s.
+//!
+//! The expected bound is therefore `lease + max(lease/3, 1 s)`: 4 s for a
+//! 3 s lease. The program prints the figures against it, and "rescue minus
+//! lease left": the delay herald adds after the lease has lapsed.
+//!
+//! The reconciler is a second path: at each sweep (every `sweep_every`,
+//! 5 s) the elected worker re-notifies pending events whose lease lapsed
+//! after their last notification, whatever `sweep_quiet` is. It only wins
+//! when NATS is late. `--no-reconcile` turns it off on every worker, to see
+//! NATS alone.
+//!
+//! NATS server 2.9 is late now and then: a dead worker's pull request
+//! (`batch 1, expires 5s`, see herald-nats) stays in the consumer's waiting
+//! queue after the kill; when a redelivery is offered to it, the server
+//! sends the next message a second time (delivery count 1) instead, and
+//! redelivers the skipped one only one `AckWait` later. Fixed in
+//! nats-server by nats-io/nats-server#5305 and #5338 (2024); 2.9.10 has it.
+//! Such an event is rescued by the next sweep or after `2 × lease`.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use clap::Parser;
+use herald::{Client, EmitOptions, EmitRequest, EventId, Millis, Queue};
+use herald_bench::fleet::{self, quantile, Scratch, Worker};
+use rand::Rng;
+use tokio::sync::watch;
+
+#[derive(Parser)]
+struct Args {
+    /// The `herald` binary (default: $CARGO_TARGET_DIR/release/herald).
+    #[arg(long)]
+    herald: Option<PathBuf>,
+    /// The PostgreSQL database (a scratch schema is made in it).
+    #[arg(long, default_value = fleet::DEFAULT_STORE)]
+    store: String,
+    /// The NATS server (a scratch stream is made on it).
+    #[arg(long, default_value = fleet::DEFAULT_NATS)]
+    nats: String,
+    /// `herald serve` worker processes.
+    #[arg(long, default_value_t = 3)]
+    workers: usize,
+    /// `worker.lease` in seconds (also the NATS consumer's AckWait).
+    #[arg(long, default_value_t = 3)]
+    lease_secs: u64,
+    /// Rounds, each with one SIGKILL.
+    #[arg(long, default_value_t = 20)]
+    kills: usize,
+    /// Events emitted per round.
+    #[arg(long, default_value_t = 6)]
+    events_per_round: usize,
+    /// Milliseconds from "all started" to the kill (default: random, from
+    /// 0 to one lease).
+    #[arg(long)]
+    kill_delay_ms: Option<u64>,
+    /// Print each rescued event.
+    #[arg(long)]
+    verbose: bool,
+    /// `worker.reconcile = false` on every worker: only NATS redelivery
+    /// rescues events.
+    #[arg(long)]
+    no_reconcile: bool,
+    /// `HERALD_LOG` for the workers.
+    #[arg(long)]
+    worker_log: Option<String>,
+    /// Keep the configs and the workers' logs (their directory is printed).
+    #[arg(long)]
+    keep_logs: bool,
+}
+
+/// One run of an event: a webhook request.
+struct Run {
+    worker: String,
+    at: Instant,
+    token: String,
+}
+
+/// The runs of one event, in arrival order.
+struct Seen {
+    round: usize,
+    runs: Vec<Run>,
+}
+
+/// What the webhook server saw.
+#[derive(Default)]
+struct Log {
+    round: usize,
+    events: HashMap<String, Seen>,
+}
+
+struct App {
+    log: Mutex<Log>,
+    /// The last round whose held requests were released.
+    released: watch::Sender<usize>,
+}
+
+/// The webhook: a first run waits for its round's release, later runs are
+/// answered at once.
+async fn run(
+    State(app): State<Arc<App>>,
+    Path(worker): Path<String>,
+    headers: HeaderMap,
+) -> StatusCode {
+    let at = Instant::now();
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let (first, round) = {
+        let mut log = app.log.lock().expect("log lock");
+        let round = log.round;
+        let seen = log
+            .events
+            .entry(header("herald-event-id"))
+            .or_insert_with(|| Seen {
+                round,
+                runs: Vec::new(),
+            });
+        seen.runs.push(Run {
+            worker,
+            at,
+            token: header("herald-lease-token"),
+        });
+        (seen.runs.len() == 1, seen.round)
+    };
+    if first {
+        let mut released = app.released.subscribe();
+        let _ = released.wait_for(|r| *r >= round).await;
+    }
+    StatusCode::OK
+}
+
+/// One rescued event.
+struct Rescue {
+    round: usize,
+    event: String,
+    /// From the kill to its next run's start.
+    rescue: Duration,
+    /// From its first run's start to the kill.
+    age: Duration,
+    /// Its PostgreSQL lease's expiry minus the kill's wall-clock time.
+    lease_left_ms: i64,
+    by: String,
+}
+
+/// Polls `check` every 5 ms until it is true; panics with `what` past `limit`.
+async fn wait_for(limit: Duration, what: impl Fn() -> String, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        if start.elapsed() > limit {
+            panic!("{} (waited {limit:?})", what());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn secs(d: f64) -> String {
+    format!("{d:.3}")
+}
+
+#[tokio::main]
+async fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("HERALD_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .init();
+    let args = Args::parse();
+    assert!(args.workers >= 2, "--workers must be at least 2");
+    let herald = args.herald.clone().unwrap_or_else(fleet::default_herald);
+    assert!(
+        herald.exists(),
+        "{} does not exist: build it with `cargo build --release -p herald-server`, or pass --herald",
+        herald.display()
+    );
+    let lease = Duration::from_secs(args.lease_secs);
+    let heartbeat = lease / 3;
+    let lease_jitter = herald::decision::Policy::default().lease_jitter;
+    let bound = lease + heartbeat.max(lease_jitter);
+    println!(
+        "rescue: {} workers, lease {:?} (heartbeat every {:?}), reconciler {}, {} kills, {} events per round, kill delay {}",
+        args.workers,
+        lease,
+        heartbeat,
+        if args.no_reconcile { "off" } else { "on (sweep every 5s)" },
+        args.kills,
+        args.events_per_round,
+        match args.kill_delay_ms {
+            Some(ms) => format!("{ms} ms"),
+            None => format!("random from 0 to {lease:?}"),
+        }
+    );
+
+    let app = Arc::new(App {
+        log: Mutex::new(Log::default()),
+        released: watch::channel(0).0,
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind the webhook server");
+    let hooks = format!("http://{}", listener.local_addr().expect("its address"));
+    let router = axum::Router::new()
+        .route("/run/{worker}", post(run))
+        .with_state(app.clone());
+    tokio::spawn(async move { axum::serve(listener, router).await });
+
+    let mut scratch = Scratch::create(&herald, &args.store, &args.nats, "rescue").await;
+    scratch.keep_dir = args.keep_logs;
+    let store = Arc::new(scratch.store(4).await);
+    let queue = Arc::new(scratch.queue(lease).await);
+    let client = Client::new(store.clone(), queue.clone());
+    let specs: Vec<_> = (1..=args.workers)
+        .map(|i| {
+            let name = format!("w{i}");
+            let config = scratch.herald_toml(
+                &[
+                    ("lease", fleet::toml_string(&format!("{}s", args.lease_secs))),
+                    // Re-notifying quiet events is not rescue.
+                    ("sweep_quiet", "\"1h\"".into()),
+                    ("reconcile", (!args.no_reconcile).to_string()),
+                ],
+                &format!(
+                    "[handlers.hold]\nkind = \"webhook\"\nurl = {}\nsecret = \"bench\"\ntimeout = \"5m\"\n",
+                    fleet::toml_string(&format!("{hooks}/run/{name}"))
+                ),
+            );
+            let path = scratch.write(&format!("{name}.toml"), &config);
+            let mut spec = scratch.worker(&herald, &name, &path, &[]);
+            spec.log_level = args.worker_log.clone();
+            spec
+        })
+        .collect();
+    let start_limit = Duration::from_secs(30);
+    let mut workers = Worker::start_all(&specs, start_limit).await;
+
+    let mut rescues: Vec<Rescue> = Vec::new();
+    let mut per_kill_max: Vec<f64> = Vec::new();
+    let rescue_limit = lease * 10 + Duration::from_secs(10);
+    for round in 1..=args.kills {
+        app.log.lock().expect("log lock").round = round;
+        let batch: Vec<EmitRequest> = (0..args.events_per_round)
+            .map(|i| EmitRequest {
+                tenant: "bench".into(),
+                handler: "hold".into(),
+                payload: format!(r#"{{"round":{round},"i":{i}}}"#),
+                options: EmitOptions::default(),
+            })
+            .collect();
+        let ids: Vec<EventId> = client
+            .emit_batch(batch)
+            .await
+            .expect("emit")
+            .into_iter()
+            .map(|e| e.id())
+            .collect();
+        let keys: Vec<String> = ids.iter().map(|id| id.to_string()).collect();
+        let started = |log: &Log| {
+            keys.iter()
+                .filter(|k| log.events.get(*k).is_some_and(|s| !s.runs.is_empty()))
+                .count()
+        };
+        wait_for(
+            Duration::from_secs(30),
+            || {
+                format!(
+                    "round {round}: only {} of {} events started",
+                    started(&app.log.lock().expect("log lock")),
+                    keys.len()
+                )
+            },
+            || started(&app.log.lock().expect("log lock")) == keys.len(),
+        )
+        .await;
+        let delay = args
+            .kill_delay_ms
+            .map(Duration::from_millis)
+            .unwrap_or_else(|| {
+                Duration::from_millis(rand::thread_rng().gen_range(0..lease.as_millis() as u64))
+            });
+        tokio::time::sleep(delay).await;
+
+        // The worker holding the most of the round's events.
+        let mut held: HashMap<String, Vec<String>> = HashMap::new();
+        {
+            let log = app.log.lock().expect("log lock");
+            for k in &keys {
+                held.entry(log.events[k].runs[0].worker.clone())
+                    .or_default()
+                    .push(k.clone());
+            }
+        }
+        let (victim, victim_events) = held
+            .iter()
+            .max_by_key(|(w, evs)| (evs.len(), std::cmp::Reverse((*w).clone())))
+            .map(|(w, evs)| (w.clone(), evs.clone()))
+            .expect("some events");
+        let index = workers
+            .iter()
+            .position(|w| w.name() == victim)
+            .expect("the victim is one of the workers");
+        let kill_wall = Millis::now();
+        let kill_at = workers[index].kill().await;
+        let mut lease_left = HashMap::new();
+        for k in &victim_events {
+            let id: EventId = k.parse().expect("an event id");
+            let event = client
+                .get(id)
+                .await
+                .expect("get")
+                .expect("the event exists");
+            let expires = event.lease.map(|l| l.expires_at.0).unwrap_or(i64::MIN);
+            lease_left.insert(k.clone(), expires - kill_wall.0);
+        }
+
+        let rescued = |log: &Log| {
+            victim_events
+                .iter()
+                .filter(|k| log.events[*k].runs.len() >= 2)
+                .count()
+        };
+        wait_for(
+            rescue_limit,
+            || {
+                let log = app.log.lock().expect("log lock");
+                format!(
+                    "round {round}: {} of the {} events of the killed worker {victim} started again on another worker; its log ends:\n{}",
+                    rescued(&log),
+                    victim_events.len(),
+                    workers[index].spec.log_tail(20)
+                )
+            },
+            || rescued(&app.log.lock().expect("log lock")) == victim_events.len(),
+        )
+        .await;
+        let mut round_max: f64 = 0.0;
+        {
+            let log = app.log.lock().expect("log lock");
+            for k in &victim_events {
+                let seen = &log.events[k];
+                let (first, next) = (&seen.runs[0], &seen.runs[1]);
+                assert_ne!(
+                    next.worker, victim,
+                    "event {k} ran again on the killed worker"
+                );
+                assert_ne!(next.token, first.token, "a new run has a new lease token");
+                let r = Rescue {
+                    round,
+                    event: k.clone(),
+                    rescue: next.at.saturating_duration_since(kill_at),
+                    age: kill_at.saturating_duration_since(first.at),
+                    lease_left_ms: lease_left[k],
+                    by: next.worker.clone(),
+                };
+                round_max = round_max.max(r.rescue.as_secs_f64());
+                if args.verbose {
+                    println!(
+                        "  round {} event {} ran {:.3}s on {victim} before the kill; lease left {:.3}s; rescued by {} after {:.3}s",
+                        r.round,
+                        r.event,
+                        r.age.as_secs_f64(),
+                        r.lease_left_ms as f64 / 1000.0,
+                        r.by,
+                        r.rescue.as_secs_f64()
+                    );
+                }
+                rescues.push(r);
+            }
+        }
+        per_kill_max.push(round_max);
+        println!(
+            "round {round}: killed {victim} holding {} of {} ({:.3}s after all started); its events ran again after at most {:.3}s",
+            victim_events.len(),
+            keys.len(),
+            delay.as_secs_f64(),
+            round_max
+        );
+
+        app.released.send_replace(round);
+        let mut left = ids.clone();
+        let done_start = Instant::now();
+        while !left.is_empty() {
+            let mut still = Vec::new();
+            for id in left {
+                if client.get(id).await.expect("get").is_some() {
+                    still.push(id);
+                }
+            }
+            left = still;
+            if done_start.elapsed() > Duration::from_secs(30) {
+                panic!(
+                    "round {round}: {} events not done 30 s after the release: {left:?}",
+                    left.len()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        {
+            let log = app.log.lock().expect("log lock");
+            for k in &keys {
+                let runs = log.events[k].runs.len();
+                let want = if victim_events.contains(k) { 2 } else { 1 };
+                assert_eq!(
+                    runs, want,
+                    "round {round}: event {k} ran {runs} times, expected {want}"
+                );
+            }
+        }
+        let spec = workers[index].spec.clone();
+        workers[index] = spec.spawn().listening(start_limit).await;
+        for w in workers.iter_mut() {
+            w.check_alive(&format!("after round {round}"));
+        }
+    }
+
+    let mut r: Vec<f64> = rescues.iter().map(|r| r.rescue.as_secs_f64()).collect();
+    r.sort_by(f64::total_cmp);
+    per_kill_max.sort_by(f64::total_cmp);
+    let mut over: Vec<f64> = rescues
+        .iter()
+        .map(|r| r.rescue.as_secs_f64() - r.lease_left_ms as f64 / 1000.0)
+        .collect();
+    over.sort_by(f64::total_cmp);
+    let mut left: Vec<f64> = rescues
+        .iter()
+        .map(|r| r.lease_left_ms as f64 / 1000.0)
+        .collect();
+    left.sort_by(f64::total_cmp);
+    println!(
+        "rescue workers={} lease_s={} reconcile={} kills={} events={} rescue_s: min={} median={} p90={} max={} per_kill_max_s: median={} max={} lease_left_at_kill_s: min={} median={} max={} rescue_minus_lease_left_s: min={} median={} p90={} max={} bound_s={} (lease + max(lease/3, lease_jitter {:?})) over_bound={}",
+        args.workers,
+        args.lease_secs,
+        !args.no_reconcile,
+        args.kills,
+        r.len(),
+        secs(quantile(&r, 0.0)),
+        secs(quantile(&r, 0.5)),
+        secs(quantile(&r, 0.9)),
+        secs(quantile(&r, 1.0)),
+        secs(quantile(&per_kill_max, 0.5)),
+        secs(quantile(&per_kill_max, 1.0)),
+        secs(quantile(&left, 0.0)),
+        secs(quantile(&left, 0.5)),
+        secs(quantile(&left, 1.0)),
+        secs(quantile(&over, 0.0)),
+        secs(quantile(&over, 0.5)),
+        secs(quantile(&over, 0.9)),
+        secs(quantile(&over, 1.0)),
+        secs(bound.as_secs_f64()),
+        lease_jitter,
+        r.iter().filter(|s| **s > bound.as_secs_f64()).count(),
+    );
+    queue.close().await;
+    for w in workers.iter_mut() {
+        w.kill().await;
+    }
+    drop(workers);
+    drop(scratch);
+}
