@@ -45,7 +45,8 @@ use tokio_util::sync::CancellationToken;
 /// The header that holds a delayed message's due time, in unix ms.
 pub const NOT_BEFORE: &str = "Herald-Not-Before";
 
-/// How long one pull request waits for a message before asking again.
+/// How long one pull request waits for a message before asking again, at
+/// most; never more than a third of `AckWait` (see [`NatsQueue::pull_wait`]).
 const PULL_WAIT: Duration = Duration::from_secs(5);
 
 /// How long a pull may go without a message or its end before it is given
@@ -480,6 +481,19 @@ impl NatsQueue {
         h
     }
 
+    /// How long a waiting pull lasts: [`PULL_WAIT`], or a third of
+    /// `AckWait` if that is shorter. A worker killed with a pull waiting
+    /// leaves it at the server until it expires, and the server may hand
+    /// it a redelivered message, which then waits another `AckWait`. The
+    /// killed worker's own deliveries come back no sooner than two thirds
+    /// of `AckWait` after the kill (the heartbeat's in-progress acks), so
+    /// by then its pulls have expired.
+    fn pull_wait(&self) -> Duration {
+        PULL_WAIT
+            .min(self.config.ack_wait / 3)
+            .max(Duration::from_millis(50))
+    }
+
     /// Publishes one message; see [`NatsQueue::publish_all`].
     async fn publish_one(&self, payload: Vec<u8>, delay: Duration, id: String) -> QueueResult<()> {
         self.publish_all(vec![(payload, delay, id)]).await
@@ -605,7 +619,7 @@ impl NatsQueue {
                     self.consumer
                         .batch()
                         .max_messages(1)
-                        .expires(PULL_WAIT)
+                        .expires(self.pull_wait())
                         .messages()
                         .await
                 } else {
