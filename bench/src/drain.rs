@@ -184,12 +184,7 @@ impl Pg {
 
 #[tokio::main]
 async fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("HERALD_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
-        .init();
+    herald_bench::init_logs();
     let args = Args::parse();
     let mut _dir = None;
     let mut pg = None;

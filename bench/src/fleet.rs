@@ -36,6 +36,18 @@ pub fn default_herald() -> PathBuf {
     target.join("release").join("herald")
 }
 
+/// The `herald` binary to run: `flag` (`--herald`), or [`default_herald`].
+/// Panics, saying how to build it, if it is not there.
+pub fn herald_binary(flag: Option<PathBuf>) -> PathBuf {
+    let herald = flag.unwrap_or_else(default_herald);
+    assert!(
+        herald.exists(),
+        "{} does not exist: build it with `cargo build --release -p herald-server`, or pass --herald",
+        herald.display()
+    );
+    herald
+}
+
 /// A TOML basic string holding `s`.
 pub fn toml_string(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);

@@ -220,20 +220,10 @@ fn secs(d: f64) -> String {
 
 #[tokio::main]
 async fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("HERALD_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
-        .init();
+    herald_bench::init_logs();
     let args = Args::parse();
     assert!(args.workers >= 2, "--workers must be at least 2");
-    let herald = args.herald.clone().unwrap_or_else(fleet::default_herald);
-    assert!(
-        herald.exists(),
-        "{} does not exist: build it with `cargo build --release -p herald-server`, or pass --herald",
-        herald.display()
-    );
+    let herald = fleet::herald_binary(args.herald.clone());
     let lease = Duration::from_secs(args.lease_secs);
     let heartbeat = lease / 3;
     let lease_jitter = herald::decision::Policy::default().lease_jitter;

@@ -270,17 +270,8 @@ async fn three_workers_survive_a_sigkill_and_a_nats_restart_and_every_event_runs
         }
     };
     let dir = tempfile::tempdir().unwrap();
-    let schema = TestSchema::adopt(TestSchema::random_name());
+    let schema = common::migrated_schema(dir.path(), &db);
     let ledger_schema = TestSchema::adopt(TestSchema::random_name());
-    let migrate = herald(dir.path())
-        .args(["migrate", "--store", &db, "--schema", schema.name()])
-        .output()
-        .unwrap();
-    assert!(
-        migrate.status.success(),
-        "{}",
-        String::from_utf8_lossy(&migrate.stderr)
-    );
     let pool = PgPoolOptions::new()
         .max_connections(24)
         .connect_with(connect_options())

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::{sha256_hex, Server};
-use herald_postgres::testing::{database_url, reachable, unreachable, TestSchema};
+use herald_postgres::testing::{database_url, reachable, unreachable};
 use serde_json::{json, Value};
 
 /// API tokens; the config holds their SHA-256.
@@ -299,16 +299,7 @@ async fn serve_on_postgres_emits_runs_and_stops_on_sigterm() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let schema = TestSchema::adopt(TestSchema::random_name());
-    let migrate = herald(dir.path())
-        .args(["migrate", "--store", &url, "--schema", schema.name()])
-        .output()
-        .unwrap();
-    assert!(
-        migrate.status.success(),
-        "{}",
-        String::from_utf8_lossy(&migrate.stderr)
-    );
+    let schema = common::migrated_schema(dir.path(), &url);
     let mut cmd = herald(dir.path());
     cmd.args(["serve", "--store", &url, "--listen", "127.0.0.1:0"])
         .args(["--noop-handler", "work"])
@@ -667,16 +658,7 @@ async fn serve_on_postgres_keeps_to_pg_max_connections() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let schema = TestSchema::adopt(TestSchema::random_name());
-    let migrate = herald(dir.path())
-        .args(["migrate", "--store", &url, "--schema", schema.name()])
-        .output()
-        .unwrap();
-    assert!(
-        migrate.status.success(),
-        "{}",
-        String::from_utf8_lossy(&migrate.stderr)
-    );
+    let schema = common::migrated_schema(dir.path(), &url);
     let app = schema.name().to_string();
     let sep = if url.contains('?') { '&' } else { '?' };
     let mut cmd = herald(dir.path());

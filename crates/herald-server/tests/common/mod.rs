@@ -41,6 +41,23 @@ pub fn herald(dir: &Path) -> Command {
     c
 }
 
+/// A fresh PostgreSQL schema at `url`, migrated by `herald migrate` run in
+/// `dir`; dropped with the returned guard.
+pub fn migrated_schema(dir: &Path, url: &str) -> herald_postgres::testing::TestSchema {
+    use herald_postgres::testing::TestSchema;
+    let schema = TestSchema::adopt(TestSchema::random_name());
+    let migrate = herald(dir)
+        .args(["migrate", "--store", url, "--schema", schema.name()])
+        .output()
+        .expect("run herald migrate");
+    assert!(
+        migrate.status.success(),
+        "herald migrate: {}",
+        String::from_utf8_lossy(&migrate.stderr)
+    );
+    schema
+}
+
 /// A running `herald serve`, killed on drop.
 pub struct Server {
     pub child: Child,
