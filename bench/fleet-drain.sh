@@ -5,7 +5,9 @@
 #
 #   bench/fleet-drain.sh
 #   RUNS=5 EVENTS=100000 WORKERS="1 3" EXTRA="--concurrency 256" bench/fleet-drain.sh
-#   STORE=postgres://… NATS=nats://… bench/fleet-drain.sh
+#   STORE=postgres://… NATS=nats://… HERALD=/path/to/herald bench/fleet-drain.sh
+#   QUIET=1.0 bench/fleet-drain.sh   # before each run, wait (up to 30 min) for
+#                                    # the 1-minute load average to drop below 1.0
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}
@@ -16,8 +18,15 @@ STORE=${STORE:-${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}}
 NATS=${NATS:-${NATS_URL:-nats://127.0.0.1:4222}}
 PG_CPU=${PG_CPU:-/work/shared/tools/pg-cpu}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
-cargo build --release -q -p herald-server -p herald-bench --bin herald --bin fleet-drain
+# HERALD=PATH: a herald binary of your own (the shared target directory's
+# may be rebuilt by someone else from other sources while this runs).
+if [ -n "${HERALD:-}" ]; then
+  cargo build --release -q -p herald-bench --bin fleet-drain
+else
+  cargo build --release -q -p herald-server -p herald-bench --bin herald --bin fleet-drain
+fi
 BIN=$CARGO_TARGET_DIR/release
+HERALD=${HERALD:-$BIN/herald}
 pg_cpu=()
 [ -x "$PG_CPU" ] && pg_cpu=(--pg-cpu "$PG_CPU")
 nats_pid=()
@@ -25,11 +34,25 @@ pid=$(pgrep -xo nats-server || true)
 [ -n "$pid" ] && nats_pid=(--nats-pid "$pid")
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
+QUIET=${QUIET:-}
+wait_quiet() {
+  [ -n "$QUIET" ] || return 0
+  local waited=0
+  until awk -v q="$QUIET" '{ exit !($1 < q) }' /proc/loadavg; do
+    if [ "$waited" -ge 1800 ]; then
+      echo "load average still $(cut -d' ' -f1 /proc/loadavg) after 30 min; running anyway"
+      return 0
+    fi
+    sleep 10
+    waited=$((waited + 10))
+  done
+}
 for n in $WORKERS; do
   for run in $(seq 1 "$RUNS"); do
+    wait_quiet
     echo "== workers=$n run $run"
     # shellcheck disable=SC2086
-    "$BIN/fleet-drain" --herald "$BIN/herald" --store "$STORE" --nats "$NATS" \
+    "$BIN/fleet-drain" --herald "$HERALD" --store "$STORE" --nats "$NATS" \
       --workers "$n" --events "$EVENTS" "${pg_cpu[@]}" "${nats_pid[@]}" $EXTRA | tee -a "$out"
   done
 done
@@ -51,7 +74,7 @@ awk '
     for (k = 1; k <= ncols; k++) { v = field(cols[k]); if (v != "") vals[w, k] = vals[w, k] " " v }
   }
   BEGIN {
-    ncols = split("events_per_s steady_events_per_s startup_s drain_s pg_cpu_ms_per_1000 workers_cpu_ms_per_1000 nats_cpu_ms_per_1000 machine_busy_pct load_before", cols, " ")
+    ncols = split("events_per_s steady_events_per_s startup_s drain_s max_unacked lease_renewals pg_cpu_ms_per_1000 workers_cpu_ms_per_1000 nats_cpu_ms_per_1000 machine_busy_pct load_before", cols, " ")
   }
   END {
     printf "%-8s", "workers"; for (k = 1; k <= ncols; k++) printf " %s", cols[k]; printf "\n"

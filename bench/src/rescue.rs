@@ -374,10 +374,13 @@ async fn main() {
             || {
                 let log = app.log.lock().expect("log lock");
                 format!(
-                    "round {round}: {} of the {} events of the killed worker {victim} started again on another worker; its log ends:\n{}",
+                    "round {round}: {} of the {} events of the killed worker {victim} started again on another worker; the workers' logs end:\n{}",
                     rescued(&log),
                     victim_events.len(),
-                    workers[index].spec.log_tail(20)
+                    workers
+                        .iter()
+                        .map(|w| format!("--- {} ---\n{}\n", w.name(), w.spec.log_tail(15)))
+                        .collect::<String>()
                 )
             },
             || rescued(&app.log.lock().expect("log lock")) == victim_events.len(),
