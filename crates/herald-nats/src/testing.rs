@@ -147,16 +147,30 @@ pub struct OwnServer {
     child: Option<Child>,
     port: u16,
     dir: PathBuf,
+    /// More `nats-server` arguments (`--user`, `--pass`, `-c FILE`…).
+    args: Vec<String>,
 }
 
 impl OwnServer {
     /// Starts a server on a free port with a new store directory, and waits
     /// (up to 20 s) until it answers with JetStream.
     pub async fn start() -> Result<OwnServer, String> {
+        OwnServer::start_with(&[]).await
+    }
+
+    /// [`OwnServer::start`] with more `nats-server` arguments, such as
+    /// `["--user", "u", "--pass", "p"]`. With arguments, the server is
+    /// ready once its port opens (it may refuse an anonymous client).
+    pub async fn start_with(args: &[&str]) -> Result<OwnServer, String> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map_err(|e| format!("cannot find a free port: {e}"))?
             .port();
+        OwnServer::start_on(port, args).await
+    }
+
+    /// [`OwnServer::start_with`] on a given port.
+    pub async fn start_on(port: u16, args: &[&str]) -> Result<OwnServer, String> {
         let dir = std::env::temp_dir().join(format!(
             "herald-nats-server-{}",
             uuid::Uuid::new_v4().simple()
@@ -168,6 +182,7 @@ impl OwnServer {
             child: None,
             port,
             dir,
+            args: args.iter().map(|a| a.to_string()).collect(),
         };
         server.spawn().await?;
         Ok(server)
@@ -221,6 +236,7 @@ impl OwnServer {
                 "-sd",
             ])
             .arg(&self.dir)
+            .args(&self.args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -240,11 +256,16 @@ impl OwnServer {
                     self.port
                 ));
             }
-            let last = match connect_to(&self.url()).await {
-                Ok(client) => {
-                    drop(client);
-                    return Ok(());
-                }
+            let ready = if self.args.is_empty() {
+                connect_to(&self.url()).await.map(drop)
+            } else {
+                tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            };
+            let last = match ready {
+                Ok(()) => return Ok(()),
                 Err(e) => e,
             };
             if start.elapsed() > OWN_SERVER_READY {

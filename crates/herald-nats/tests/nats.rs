@@ -489,66 +489,19 @@ async fn a_duplicate_window_shorter_than_the_publish_retries_is_refused() {
     );
 }
 
-/// A nats-server of this test's own with `args` (credentials), on a free
-/// port (or `port`), killed on drop; `None` after the SKIPPED line when
-/// nats-server can't run.
-struct AuthServer {
-    child: std::process::Child,
-    port: u16,
-    dir: std::path::PathBuf,
-}
-
-impl AuthServer {
-    async fn start(test: &str, args: &[&str]) -> Option<AuthServer> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        Self::start_on(test, port, args).await
-    }
-
-    async fn start_on(test: &str, port: u16, args: &[&str]) -> Option<AuthServer> {
-        let dir =
-            std::env::temp_dir().join(format!("herald-nats-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let child = std::process::Command::new("nats-server")
-            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-            .arg(&dir)
-            .args(args)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn();
-        let child = match child {
-            Ok(c) => c,
-            Err(e) => {
-                unreachable(
-                    test,
-                    "a nats-server of its own",
-                    &format!("cannot run nats-server: {e}"),
-                );
-                return None;
-            }
-        };
-        let server = AuthServer { child, port, dir };
-        for _ in 0..100 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_ok()
-            {
-                return Some(server);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+/// A nats-server of this test's own with `args`; `None` after the
+/// SKIPPED line (or the CI failure) when it can't run.
+async fn own_server(test: &str, port: Option<u16>, args: &[&str]) -> Option<OwnServer> {
+    let started = match port {
+        Some(port) => OwnServer::start_on(port, args).await,
+        None => OwnServer::start_with(args).await,
+    };
+    match started {
+        Ok(s) => Some(s),
+        Err(e) => {
+            unreachable(test, "a nats-server of its own", &e);
+            None
         }
-        panic!("nats-server did not open port {port}");
-    }
-}
-
-impl Drop for AuthServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -572,12 +525,16 @@ async fn try_url(url: &str) -> Option<String> {
 #[tokio::test]
 async fn a_user_and_password_in_the_url_are_used_and_never_shown() {
     let password = "pa:ss@w/rd";
-    let Some(server) =
-        AuthServer::start(&test_name(), &["--user", "herald", "--pass", password]).await
+    let Some(server) = own_server(
+        &test_name(),
+        None,
+        &["--user", "herald", "--pass", password],
+    )
+    .await
     else {
         return;
     };
-    let port = server.port;
+    let port = server.port();
     let encoded = "pa%3Ass%40w%2Frd";
     assert_eq!(
         try_url(&format!("nats://herald:{encoded}@127.0.0.1:{port}")).await,
@@ -607,10 +564,10 @@ async fn a_user_and_password_in_the_url_are_used_and_never_shown() {
 
 #[tokio::test]
 async fn a_token_in_the_url_is_used_and_never_shown() {
-    let Some(server) = AuthServer::start(&test_name(), &["--auth", "t0ken"]).await else {
+    let Some(server) = own_server(&test_name(), None, &["--auth", "t0ken"]).await else {
         return;
     };
-    let port = server.port;
+    let port = server.port();
     assert_eq!(
         try_url(&format!("nats://t0ken@127.0.0.1:{port}")).await,
         None
@@ -707,10 +664,10 @@ async fn a_credentials_file_is_used() {
         ),
     )
     .unwrap();
-    let Some(server) = AuthServer::start(&test, &["-c", conf.to_str().unwrap()]).await else {
+    let Some(server) = own_server(&test, None, &["-c", conf.to_str().unwrap()]).await else {
         return;
     };
-    let url = format!("nats://127.0.0.1:{}", server.port);
+    let url = format!("nats://127.0.0.1:{}", server.port());
     let herald_creds = dir.join("herald.creds");
     std::fs::write(&herald_creds, creds_file(USER_JWT, USER_SEED)).unwrap();
     let stranger_creds = dir.join("stranger.creds");
@@ -761,7 +718,7 @@ async fn connect_waits_for_a_server_that_starts_late() {
     let url = format!("nats://127.0.0.1:{port}");
     let connecting = tokio::spawn(NatsQueue::connect(NatsConfig::new(url, "late", ACK_WAIT)));
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let Some(_server) = AuthServer::start_on(&test, port, &[]).await else {
+    let Some(_server) = own_server(&test, Some(port), &[]).await else {
         connecting.abort();
         return;
     };

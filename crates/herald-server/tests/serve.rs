@@ -511,65 +511,6 @@ async fn serve_on_nats_creates_the_consumer_from_its_settings_and_checks_it() {
     drop(stream);
 }
 
-/// A nats-server of the test's own that wants a user and password, on a
-/// free port, killed on drop.
-struct NatsWithPassword {
-    child: std::process::Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl NatsWithPassword {
-    /// `None` after the SKIPPED line when nats-server can't run.
-    fn start(test: &str, user: &str, password: &str) -> Option<NatsWithPassword> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let dir = tempfile::tempdir().unwrap();
-        let child = Command::new("nats-server")
-            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-            .arg(dir.path())
-            .args(["--user", user, "--pass", password])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn();
-        let child = match child {
-            Ok(c) => c,
-            Err(e) => {
-                herald_nats::testing::unreachable(
-                    test,
-                    "a nats-server of its own",
-                    &format!("cannot run nats-server: {e}"),
-                );
-                return None;
-            }
-        };
-        let server = NatsWithPassword {
-            child,
-            port,
-            _dir: dir,
-        };
-        let start = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "nats-server did not open port {port}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Some(server)
-    }
-}
-
-impl Drop for NatsWithPassword {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// The password in `queue` is used, and shown nowhere: not in the
 /// "listening on" line, not in the logs (even at trace level), not in the
 /// error when the server refuses it.
@@ -577,10 +518,18 @@ impl Drop for NatsWithPassword {
 async fn serve_on_nats_with_a_password_never_shows_it() {
     let test = "serve_on_nats_with_a_password_never_shows_it";
     let password = "s3cret-pw";
-    let Some(nats) = NatsWithPassword::start(test, "herald", password) else {
-        return;
+    let nats = match herald_nats::testing::OwnServer::start_with(&[
+        "--user", "herald", "--pass", password,
+    ])
+    .await
+    {
+        Ok(n) => n,
+        Err(e) => {
+            herald_nats::testing::unreachable(test, "a nats-server of its own", &e);
+            return;
+        }
     };
-    let port = nats.port;
+    let port = nats.port();
     let shown = format!("nats://herald:***@127.0.0.1:{port}");
     let dir = tempfile::tempdir().unwrap();
 
