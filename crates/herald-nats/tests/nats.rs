@@ -53,15 +53,7 @@ async fn a_consumer_with_a_backoff_is_refused() {
     };
     let config = NatsConfig::new(nats_url(), &prefix, ACK_WAIT);
     let js = jetstream::new(client.clone());
-    let s = js
-        .create_stream(stream::Config {
-            name: config.stream.clone(),
-            subjects: vec![config.subject.clone()],
-            retention: stream::RetentionPolicy::WorkQueue,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let s = js.create_stream(work_queue(&config)).await.unwrap();
     s.create_consumer(consumer::pull::Config {
         durable_name: Some(config.consumer.clone()),
         ack_policy: consumer::AckPolicy::Explicit,
@@ -101,10 +93,8 @@ async fn a_stream_that_is_not_a_work_queue_is_refused() {
     let config = NatsConfig::new(nats_url(), &prefix, ACK_WAIT);
     jetstream::new(client.clone())
         .create_stream(stream::Config {
-            name: config.stream.clone(),
-            subjects: vec![config.subject.clone()],
             retention: stream::RetentionPolicy::Limits,
-            ..Default::default()
+            ..work_queue(&config)
         })
         .await
         .unwrap();
@@ -409,11 +399,8 @@ async fn a_memory_stream_is_refused() {
     let config = NatsConfig::new(nats_url(), &prefix, ACK_WAIT);
     jetstream::new(client.clone())
         .create_stream(stream::Config {
-            name: config.stream.clone(),
-            subjects: vec![config.subject.clone()],
-            retention: stream::RetentionPolicy::WorkQueue,
             storage: stream::StorageType::Memory,
-            ..Default::default()
+            ..work_queue(&config)
         })
         .await
         .unwrap();
@@ -435,12 +422,7 @@ async fn a_memory_consumer_is_refused() {
     };
     let config = NatsConfig::new(nats_url(), &prefix, ACK_WAIT);
     jetstream::new(client.clone())
-        .create_stream(stream::Config {
-            name: config.stream.clone(),
-            subjects: vec![config.subject.clone()],
-            retention: stream::RetentionPolicy::WorkQueue,
-            ..Default::default()
-        })
+        .create_stream(work_queue(&config))
         .await
         .unwrap()
         .create_consumer(consumer::pull::Config {
@@ -472,11 +454,8 @@ async fn a_duplicate_window_shorter_than_the_publish_retries_is_refused() {
     let config = NatsConfig::new(nats_url(), &prefix, ACK_WAIT);
     jetstream::new(client.clone())
         .create_stream(stream::Config {
-            name: config.stream.clone(),
-            subjects: vec![config.subject.clone()],
-            retention: stream::RetentionPolicy::WorkQueue,
             duplicate_window: Duration::from_secs(1),
-            ..Default::default()
+            ..work_queue(&config)
         })
         .await
         .unwrap();
@@ -487,6 +466,17 @@ async fn a_duplicate_window_shorter_than_the_publish_retries_is_refused() {
         )),
         "{m}"
     );
+}
+
+/// The stream herald would create for `config`, as a test creates it
+/// beforehand (override fields to make it differ).
+fn work_queue(config: &NatsConfig) -> stream::Config {
+    stream::Config {
+        name: config.stream.clone(),
+        subjects: vec![config.subject.clone()],
+        retention: stream::RetentionPolicy::WorkQueue,
+        ..Default::default()
+    }
 }
 
 /// A nats-server of this test's own with `args`; `None` after the
