@@ -56,7 +56,13 @@ struct Rig {
 
 impl Rig {
     fn new(store: Arc<dyn Store>) -> Self {
-        let queue = Arc::new(MemoryQueue::new(Duration::from_secs(3)));
+        Rig::with_ack_wait(store, Duration::from_secs(3))
+    }
+
+    /// A rig whose in-process queue redelivers a notification `ack_wait`
+    /// after it was received, unless the worker's heartbeat extends it.
+    fn with_ack_wait(store: Arc<dyn Store>, ack_wait: Duration) -> Self {
+        let queue = Arc::new(MemoryQueue::new(ack_wait));
         let client = Client::new(store.clone(), queue.clone());
         Rig {
             store,
@@ -79,6 +85,19 @@ impl Rig {
 
     fn worker(&self) -> Worker {
         self.builder().start()
+    }
+
+    /// Waits until `w` has led and finished its first sweep. The in-process
+    /// queue forgets on restart, so that sweep notifies every due event
+    /// whatever its quiet period: an event emitted before it ends may be
+    /// notified twice. Later sweeps never offer an event under a live lease,
+    /// nor one released or notified less than `sweep_quiet` ago.
+    async fn swept(&self, w: &Worker) {
+        eventually("the first sweep ends", SOON, || {
+            let n = w.stats().sweeps;
+            async move { n >= 1 }
+        })
+        .await;
     }
 
     async fn emit(&self) -> EventId {
@@ -145,6 +164,12 @@ impl Rig {
 
     /// Takes the event's lease away from whoever holds it, as if it expired
     /// and another worker claimed it. Returns the new token.
+    ///
+    /// Between the release and the claim the event is claimable by anyone,
+    /// so nothing else may be about to claim it: the caller waits for the
+    /// worker's first sweep before emitting ([`Rig::swept`]), and the queue's
+    /// ack wait outlasts the worker's heartbeat, so the event's one
+    /// notification is held by its running handler and not redelivered.
     async fn steal_lease(&self, id: EventId, lease: Duration) -> LeaseToken {
         let seen = self.store.inspect(&[id]).await.expect("inspect");
         let event = &seen.found[0].event;
@@ -569,6 +594,7 @@ pub async fn lost_lease_cancels_the_handler(store: Arc<dyn Store>) {
             }
         })
         .start();
+    rig.swept(&w).await;
     let id = rig.emit_to("stuck", EmitOptions::default()).await;
     started.notified().await;
     let thief = rig.steal_lease(id, Duration::from_secs(3600)).await;
@@ -596,14 +622,17 @@ pub async fn lost_lease_cancels_the_handler(store: Arc<dyn Store>) {
 /// A handler that finishes after its lease was taken over: its "done" is
 /// refused by the fence, and the event stays with the new holder.
 pub async fn late_completion_is_refused_by_the_fence(store: Arc<dyn Store>) {
-    let rig = Rig::new(store);
+    let lease = Duration::from_secs(60);
+    // The queue must not redeliver the running event's notification: its
+    // heartbeat extends it only every `lease / 3`.
+    let rig = Rig::with_ack_wait(store, lease);
     let started = Arc::new(Notify::new());
     let release = Arc::new(Notify::new());
     let (s, r) = (started.clone(), release.clone());
     let w = rig
         .builder()
         // A long lease: the heartbeat won't notice before the handler returns.
-        .lease(Duration::from_secs(60))
+        .lease(lease)
         .handler("late", move |_: serde_json::Value, _cx: Context| {
             let (s, r) = (s.clone(), r.clone());
             async move {
@@ -612,6 +641,7 @@ pub async fn late_completion_is_refused_by_the_fence(store: Arc<dyn Store>) {
             }
         })
         .start();
+    rig.swept(&w).await;
     let id = rig.emit_to("late", EmitOptions::default()).await;
     started.notified().await;
     let thief = rig.steal_lease(id, Duration::from_secs(3600)).await;
@@ -653,8 +683,8 @@ fn new_event(handler: &str) -> NewEvent {
 pub async fn lost_notification_is_run_by_the_reconciler(store: Arc<dyn Store>) {
     let rig = Rig::new(store);
     let w = rig.worker();
-    // Let the start-up sweep pass, so this is the steady-state path.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // After the start-up sweep, so this is the steady-state path.
+    rig.swept(&w).await;
     let e = new_event(H);
     rig.store
         .emit(std::slice::from_ref(&e))
@@ -809,8 +839,8 @@ pub async fn garbage_on_the_queue_is_dropped(store: Arc<dyn Store>) {
 pub async fn unknown_handler_is_stored_and_kept(store: Arc<dyn Store>) {
     let rig = Rig::new(store);
     let w = rig.worker();
-    // Let the start-up sweep pass first, or it may notify the event a second time.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // After the start-up sweep, or it may notify the event a second time.
+    rig.swept(&w).await;
     let id = rig
         .emit_to("not_deployed_yet", EmitOptions::default())
         .await;

@@ -36,6 +36,7 @@ pub(super) async fn reconcile_loop(shared: Arc<Shared>) {
                     };
                     if sweep(&shared, quiet).await {
                         full_sweep = false;
+                        WorkerStats::add(&shared.stats.sweeps, 1);
                     }
                     purge(&shared).await;
                 }

@@ -58,6 +58,9 @@ counters! {
     store_errors,
     /// Notifications the reconciler published.
     reconciled,
+    /// Reconciler sweeps completed by this worker while it led (the first
+    /// one, at start, is the full sweep of a queue that forgets on restart).
+    sweeps,
 }
 
 impl WorkerStats {
