@@ -99,6 +99,7 @@ pub(super) fn start(
             lease,
             tag,
             claimed,
+            tenant: event.tenant,
             end,
             instruments,
         });

@@ -16,6 +16,8 @@ pub(crate) struct Ended {
     pub(super) lease: LeaseRef,
     pub(super) tag: DeliveryTag,
     pub(super) claimed: Claimed,
+    /// The event's tenant, for the log line of a failed attempt.
+    pub(super) tenant: String,
     pub(super) end: RunEnd,
     /// The handler's metric handles.
     pub(super) instruments: Arc<Instruments>,
@@ -93,6 +95,28 @@ fn count(stats: &WorkerStats, end: &RunEnd, settlement: &Settlement) {
     WorkerStats::add(counter, 1);
 }
 
+/// One line per failed attempt the store accepted, at the default level: a
+/// retry at info (herald will run it again), a move to dead at warn.
+fn log_failure(e: &Ended, settlement: &Settlement) {
+    let (event, tenant, handler, attempt) = (
+        e.lease.id,
+        e.tenant.as_str(),
+        e.instruments.name.as_str(),
+        e.claimed.attempt,
+    );
+    match settlement {
+        Settlement::Retry { wait, error, .. } => tracing::info!(
+            %event, tenant, handler, attempt, max_attempts = e.claimed.max_attempts,
+            retry_in = ?wait, %error, "attempt failed; will retry"
+        ),
+        Settlement::Dead { error } => tracing::warn!(
+            %event, tenant, handler, attempt, max_attempts = e.claimed.max_attempts,
+            %error, "attempt failed; event is dead"
+        ),
+        _ => {}
+    }
+}
+
 async fn settle_batch(shared: &Shared, batch: Vec<Ended>) {
     let policy = shared.config.policy;
     let mut writes = Vec::with_capacity(batch.len());
@@ -119,9 +143,7 @@ async fn settle_batch(shared: &Shared, batch: Vec<Ended>) {
                     if ok {
                         count(&shared.stats, &e.end, &settlement);
                         report(shared, e, &settlement);
-                        if let Settlement::Dead { error } = &settlement {
-                            tracing::warn!(event = %w.id, %error, "event is dead");
-                        }
+                        log_failure(e, &settlement);
                         answers.reply(e.tag.clone(), settlement.reply());
                     } else {
                         // Someone else holds the event now; its notification is theirs to answer.
