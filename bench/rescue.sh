@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
-# Rescue time after SIGKILL with 3 `herald serve` workers on PostgreSQL +
-# NATS JetStream (bench/src/rescue.rs): KILLS rounds (default 20), lease
-# LEASE seconds (default 3); one line per kill, then the summary.
+# Rescue time after SIGKILL (bench/src/rescue.rs): KILLS rounds per shape
+# (default 20), one line per kill, then a summary line per shape.
+#
+# Shapes (SHAPES, default all three, one after another):
+#   fleet           3 `herald serve` workers on PostgreSQL + NATS JetStream;
+#                   the one holding the most events is killed
+#   restart-sqlite  1 worker, SQLite + the in-process queue (the embedded
+#                   default), killed and started again at once
+#   restart-pg      the same on PostgreSQL
+#
+# LEASE (seconds) defaults to herald's own default lease.
 #
 #   bench/rescue.sh
-#   KILLS=40 LEASE=6 EXTRA="--verbose" bench/rescue.sh
+#   SHAPES=fleet KILLS=40 LEASE=3 EXTRA="--verbose" bench/rescue.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KILLS=${KILLS:-20}
-LEASE=${LEASE:-3}
+LEASE=${LEASE:-}
 EXTRA=${EXTRA:-}
+SHAPES=${SHAPES:-fleet restart-sqlite restart-pg}
 STORE=${STORE:-${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}}
 NATS=${NATS:-${NATS_URL:-nats://127.0.0.1:4222}}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
@@ -22,6 +31,16 @@ else
 fi
 BIN=$CARGO_TARGET_DIR/release
 HERALD=${HERALD:-$BIN/herald}
-# shellcheck disable=SC2086
-"$BIN/rescue" --herald "$HERALD" --store "$STORE" --nats "$NATS" \
-  --kills "$KILLS" --lease-secs "$LEASE" $EXTRA
+lease_flag=()
+[ -n "$LEASE" ] && lease_flag=(--lease-secs "$LEASE")
+for shape in $SHAPES; do
+  case "$shape" in
+    fleet) flags=(--shape fleet) ;;
+    restart-sqlite) flags=(--shape restart --sqlite) ;;
+    restart-pg) flags=(--shape restart) ;;
+    *) echo "rescue.sh: unknown shape $shape (fleet, restart-sqlite, restart-pg)" >&2; exit 2 ;;
+  esac
+  # shellcheck disable=SC2086
+  "$BIN/rescue" --herald "$HERALD" --store "$STORE" --nats "$NATS" \
+    --kills "$KILLS" "${flags[@]}" "${lease_flag[@]}" $EXTRA
+done

@@ -97,9 +97,20 @@ struct Args {
     /// `herald serve` worker processes.
     #[arg(long, default_value_t = 3)]
     workers: usize,
-    /// `worker.lease` in seconds (also the NATS consumer's AckWait).
-    #[arg(long, default_value_t = 3)]
-    lease_secs: u64,
+    /// `worker.lease` in seconds (also the NATS consumer's AckWait);
+    /// default: herald's own default lease.
+    #[arg(long)]
+    lease_secs: Option<u64>,
+    /// `fleet`: `--workers` processes on PostgreSQL + NATS, the one holding
+    /// the most events is killed and the others rescue them. `restart`: one
+    /// process with the in-process queue, killed and started again at once
+    /// on the same address (the embedded deployment, on `--store`).
+    #[arg(long, default_value = "fleet")]
+    shape: Shape,
+    /// For `--shape restart`: store the events in SQLite (a file in the
+    /// scratch directory) instead of `--store`.
+    #[arg(long)]
+    sqlite: bool,
     /// Rounds, each with one SIGKILL.
     #[arg(long, default_value_t = 20)]
     kills: usize,
@@ -123,6 +134,15 @@ struct Args {
     /// Keep the configs and the workers' logs (their directory is printed).
     #[arg(long)]
     keep_logs: bool,
+}
+
+/// Which deployment is killed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Shape {
+    /// Several workers on PostgreSQL + NATS; one is killed.
+    Fleet,
+    /// One worker with the in-process queue, killed and restarted at once.
+    Restart,
 }
 
 /// One run of an event: a webhook request.
@@ -198,8 +218,9 @@ struct Rescue {
     rescue: Duration,
     /// From its first run's start to the kill.
     age: Duration,
-    /// Its PostgreSQL lease's expiry minus the kill's wall-clock time.
-    lease_left_ms: i64,
+    /// Its lease's expiry minus the kill's wall-clock time (unknown when
+    /// the store is read through the killed worker).
+    lease_left_ms: Option<i64>,
     by: String,
 }
 
@@ -218,22 +239,140 @@ fn secs(d: f64) -> String {
     format!("{d:.3}")
 }
 
+/// Where the events are emitted and looked up: through the library on
+/// PostgreSQL + NATS (fleet), or through the one worker's HTTP API
+/// (restart: the in-process queue is inside the worker).
+enum Front {
+    Library(Client, Arc<herald_nats::NatsQueue>),
+    Api(reqwest::Client, String),
+}
+
+impl Front {
+    async fn emit(&self, round: usize, n: usize) -> Vec<EventId> {
+        match self {
+            Front::Library(client, _) => {
+                let batch: Vec<EmitRequest> = (0..n)
+                    .map(|i| EmitRequest {
+                        tenant: "bench".into(),
+                        handler: "hold".into(),
+                        payload: format!(r#"{{"round":{round},"i":{i}}}"#),
+                        options: EmitOptions::default(),
+                    })
+                    .collect();
+                client
+                    .emit_batch(batch)
+                    .await
+                    .expect("emit")
+                    .into_iter()
+                    .map(|e| e.id())
+                    .collect()
+            }
+            Front::Api(http, base) => {
+                let events: Vec<serde_json::Value> = (0..n)
+                    .map(|i| {
+                        serde_json::json!({"tenant": "bench", "handler": "hold", "payload": {"round": round, "i": i}})
+                    })
+                    .collect();
+                let res = http
+                    .post(format!("{base}/v1/events/batch"))
+                    .json(&serde_json::json!({ "events": events }))
+                    .send()
+                    .await
+                    .expect("emit through the API");
+                assert_eq!(
+                    res.status(),
+                    201,
+                    "emit: {}",
+                    res.text().await.unwrap_or_default()
+                );
+                let body: serde_json::Value = res.json().await.expect("emit answer");
+                body["results"]
+                    .as_array()
+                    .expect("results")
+                    .iter()
+                    .map(|r| {
+                        r["id"]
+                            .as_str()
+                            .expect("an id")
+                            .parse()
+                            .expect("an event id")
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// Whether the event is still stored.
+    async fn stored(&self, id: EventId) -> bool {
+        match self {
+            Front::Library(client, _) => client.get(id).await.expect("get").is_some(),
+            Front::Api(http, base) => {
+                let res = http
+                    .get(format!("{base}/v1/events/{id}"))
+                    .send()
+                    .await
+                    .expect("GET the event");
+                res.status() != 404
+            }
+        }
+    }
+
+    /// The lease's expiry (wall clock, ms) of each event, read now.
+    async fn lease_expiries(&self, ids: &[String]) -> HashMap<String, i64> {
+        let mut out = HashMap::new();
+        if let Front::Library(client, _) = self {
+            for k in ids {
+                let id: EventId = k.parse().expect("an event id");
+                let event = client
+                    .get(id)
+                    .await
+                    .expect("get")
+                    .expect("the event exists");
+                out.insert(
+                    k.clone(),
+                    event.lease.map(|l| l.expires_at.0).unwrap_or(i64::MIN),
+                );
+            }
+        }
+        out
+    }
+}
+
 #[tokio::main]
 async fn main() {
     herald_bench::init_logs();
     let args = Args::parse();
-    assert!(args.workers >= 2, "--workers must be at least 2");
+    let restart = args.shape == Shape::Restart;
+    let workers_n = if restart { 1 } else { args.workers };
+    assert!(restart || workers_n >= 2, "--workers must be at least 2");
     let herald = fleet::herald_binary(args.herald.clone());
-    let lease = Duration::from_secs(args.lease_secs);
+    let default_lease = herald::WorkerConfig::default().lease;
+    let lease = args.lease_secs.map_or(default_lease, Duration::from_secs);
     let heartbeat = lease / 3;
     let lease_jitter = herald::decision::Policy::default().lease_jitter;
-    let bound = lease + heartbeat.max(lease_jitter);
+    // Fleet: NATS redelivers after AckWait (= the lease) or a lost claim
+    // waits up to the jitter. Restart: the lease lapses, and the restarted
+    // process's reconciler sweeps at least every heartbeat.
+    let bound = if restart {
+        lease + heartbeat
+    } else {
+        lease + heartbeat.max(lease_jitter)
+    };
+    let store_label = if restart && args.sqlite {
+        "sqlite".to_string()
+    } else {
+        "postgres".to_string()
+    };
     println!(
-        "rescue: {} workers, lease {:?} (heartbeat every {:?}), reconciler {}, {} kills, {} events per round, kill delay {}",
-        args.workers,
+        "rescue: shape {:?}, {} worker(s), store {}, queue {}, lease {:?}{} (heartbeat every {:?}), reconciler {}, {} kills, {} events per round, kill delay {}",
+        args.shape,
+        workers_n,
+        store_label,
+        if restart { "in-process" } else { "nats" },
         lease,
+        if args.lease_secs.is_none() { " (herald's default)" } else { "" },
         heartbeat,
-        if args.no_reconcile { "off" } else { "on (sweep every 5s)" },
+        if args.no_reconcile { "off" } else { "on" },
         args.kills,
         args.events_per_round,
         match args.kill_delay_ms {
@@ -257,24 +396,53 @@ async fn main() {
 
     let mut scratch = Scratch::create(&herald, &args.store, &args.nats, "rescue").await;
     scratch.keep_dir = args.keep_logs;
-    let store = Arc::new(scratch.store(4).await);
-    let queue = Arc::new(scratch.queue(lease).await);
-    let client = Client::new(store.clone(), queue.clone());
-    let specs: Vec<_> = (1..=args.workers)
+    let mut worker_keys: Vec<(&str, String)> = vec![
+        // Re-notifying quiet events is not rescue.
+        ("sweep_quiet", "\"1h\"".into()),
+        ("reconcile", (!args.no_reconcile).to_string()),
+    ];
+    if let Some(l) = args.lease_secs {
+        worker_keys.push(("lease", fleet::toml_string(&format!("{l}s"))));
+    }
+    let handler = |name: &str| {
+        format!(
+            "[handlers.hold]\nkind = \"webhook\"\nurl = {}\nsecret = \"bench\"\ntimeout = \"5m\"\n",
+            fleet::toml_string(&format!("{hooks}/run/{name}"))
+        )
+    };
+    let specs: Vec<_> = (1..=workers_n)
         .map(|i| {
             let name = format!("w{i}");
-            let config = scratch.herald_toml(
-                &[
-                    ("lease", fleet::toml_string(&format!("{}s", args.lease_secs))),
-                    // Re-notifying quiet events is not rescue.
-                    ("sweep_quiet", "\"1h\"".into()),
-                    ("reconcile", (!args.no_reconcile).to_string()),
-                ],
-                &format!(
-                    "[handlers.hold]\nkind = \"webhook\"\nurl = {}\nsecret = \"bench\"\ntimeout = \"5m\"\n",
-                    fleet::toml_string(&format!("{hooks}/run/{name}"))
-                ),
-            );
+            let config = if restart {
+                // A fixed address: the restarted process is the same worker.
+                let port = std::net::TcpListener::bind("127.0.0.1:0")
+                    .and_then(|l| l.local_addr())
+                    .expect("a free port")
+                    .port();
+                let store = if args.sqlite {
+                    format!(
+                        "store = {}\n",
+                        fleet::toml_string(&scratch.dir().join("herald.db").display().to_string())
+                    )
+                } else {
+                    format!(
+                        "store = {}\npg_schema = {}\n",
+                        fleet::toml_string(&scratch.store_url),
+                        fleet::toml_string(&scratch.name)
+                    )
+                };
+                let mut text = format!(
+                    "{store}queue = \"memory\"\nlisten = \"127.0.0.1:{port}\"\n\n[worker]\n"
+                );
+                for (k, v) in &worker_keys {
+                    text.push_str(&format!("{k} = {v}\n"));
+                }
+                text.push('\n');
+                text.push_str(&handler(&name));
+                text
+            } else {
+                scratch.herald_toml(&worker_keys, &handler(&name))
+            };
             let path = scratch.write(&format!("{name}.toml"), &config);
             let mut spec = scratch.worker(&herald, &name, &path, &[]);
             spec.log_level = args.worker_log.clone();
@@ -283,27 +451,20 @@ async fn main() {
         .collect();
     let start_limit = Duration::from_secs(30);
     let mut workers = Worker::start_all(&specs, start_limit).await;
+    let front = if restart {
+        Front::Api(reqwest::Client::new(), workers[0].base.clone())
+    } else {
+        let store = Arc::new(scratch.store(4).await);
+        let queue = Arc::new(scratch.queue(lease).await);
+        Front::Library(Client::new(store, queue.clone()), queue)
+    };
 
     let mut rescues: Vec<Rescue> = Vec::new();
     let mut per_kill_max: Vec<f64> = Vec::new();
     let rescue_limit = lease * 10 + Duration::from_secs(10);
     for round in 1..=args.kills {
         app.log.lock().expect("log lock").round = round;
-        let batch: Vec<EmitRequest> = (0..args.events_per_round)
-            .map(|i| EmitRequest {
-                tenant: "bench".into(),
-                handler: "hold".into(),
-                payload: format!(r#"{{"round":{round},"i":{i}}}"#),
-                options: EmitOptions::default(),
-            })
-            .collect();
-        let ids: Vec<EventId> = client
-            .emit_batch(batch)
-            .await
-            .expect("emit")
-            .into_iter()
-            .map(|e| e.id())
-            .collect();
+        let ids = front.emit(round, args.events_per_round).await;
         let keys: Vec<String> = ids.iter().map(|id| id.to_string()).collect();
         let started = |log: &Log| {
             keys.iter()
@@ -349,19 +510,17 @@ async fn main() {
             .iter()
             .position(|w| w.name() == victim)
             .expect("the victim is one of the workers");
+        let expiries = front.lease_expiries(&victim_events).await;
         let kill_wall = Millis::now();
         let kill_at = workers[index].kill().await;
-        let mut lease_left = HashMap::new();
-        for k in &victim_events {
-            let id: EventId = k.parse().expect("an event id");
-            let event = client
-                .get(id)
-                .await
-                .expect("get")
-                .expect("the event exists");
-            let expires = event.lease.map(|l| l.expires_at.0).unwrap_or(i64::MIN);
-            lease_left.insert(k.clone(), expires - kill_wall.0);
+        if restart {
+            let spec = workers[index].spec.clone();
+            workers[index] = spec.spawn().listening(start_limit).await;
         }
+        let lease_left: HashMap<String, Option<i64>> = victim_events
+            .iter()
+            .map(|k| (k.clone(), expiries.get(k).map(|e| e - kill_wall.0)))
+            .collect();
 
         let rescued = |log: &Log| {
             victim_events
@@ -374,7 +533,7 @@ async fn main() {
             || {
                 let log = app.log.lock().expect("log lock");
                 format!(
-                    "round {round}: {} of the {} events of the killed worker {victim} started again on another worker; the workers' logs end:\n{}",
+                    "round {round}: {} of the {} events of the killed worker {victim} started again; the workers' logs end:\n{}",
                     rescued(&log),
                     victim_events.len(),
                     workers
@@ -392,10 +551,12 @@ async fn main() {
             for k in &victim_events {
                 let seen = &log.events[k];
                 let (first, next) = (&seen.runs[0], &seen.runs[1]);
-                assert_ne!(
-                    next.worker, victim,
-                    "event {k} ran again on the killed worker"
-                );
+                if !restart {
+                    assert_ne!(
+                        next.worker, victim,
+                        "event {k} ran again on the killed worker"
+                    );
+                }
                 assert_ne!(next.token, first.token, "a new run has a new lease token");
                 let r = Rescue {
                     round,
@@ -408,11 +569,12 @@ async fn main() {
                 round_max = round_max.max(r.rescue.as_secs_f64());
                 if args.verbose {
                     println!(
-                        "  round {} event {} ran {:.3}s on {victim} before the kill; lease left {:.3}s; rescued by {} after {:.3}s",
+                        "  round {} event {} ran {:.3}s on {victim} before the kill; lease left {}; rescued by {} after {:.3}s",
                         r.round,
                         r.event,
                         r.age.as_secs_f64(),
-                        r.lease_left_ms as f64 / 1000.0,
+                        r.lease_left_ms
+                            .map_or("unknown".to_string(), |ms| format!("{:.3}s", ms as f64 / 1000.0)),
                         r.by,
                         r.rescue.as_secs_f64()
                     );
@@ -435,7 +597,7 @@ async fn main() {
         while !left.is_empty() {
             let mut still = Vec::new();
             for id in left {
-                if client.get(id).await.expect("get").is_some() {
+                if front.stored(id).await {
                     still.push(id);
                 }
             }
@@ -459,8 +621,10 @@ async fn main() {
                 );
             }
         }
-        let spec = workers[index].spec.clone();
-        workers[index] = spec.spawn().listening(start_limit).await;
+        if !restart {
+            let spec = workers[index].spec.clone();
+            workers[index] = spec.spawn().listening(start_limit).await;
+        }
         for w in workers.iter_mut() {
             w.check_alive(&format!("after round {round}"));
         }
@@ -469,20 +633,34 @@ async fn main() {
     let mut r: Vec<f64> = rescues.iter().map(|r| r.rescue.as_secs_f64()).collect();
     r.sort_by(f64::total_cmp);
     per_kill_max.sort_by(f64::total_cmp);
-    let mut over: Vec<f64> = rescues
+    let known: Vec<(f64, f64)> = rescues
         .iter()
-        .map(|r| r.rescue.as_secs_f64() - r.lease_left_ms as f64 / 1000.0)
+        .filter_map(|r| Some((r.rescue.as_secs_f64(), r.lease_left_ms? as f64 / 1000.0)))
         .collect();
+    let mut over: Vec<f64> = known.iter().map(|(r, l)| r - l).collect();
     over.sort_by(f64::total_cmp);
-    let mut left: Vec<f64> = rescues
-        .iter()
-        .map(|r| r.lease_left_ms as f64 / 1000.0)
-        .collect();
+    let mut left: Vec<f64> = known.iter().map(|(_, l)| *l).collect();
     left.sort_by(f64::total_cmp);
+    let lease_figures = if known.is_empty() {
+        "lease_left_at_kill_s: unknown (the store is read through the killed worker)".to_string()
+    } else {
+        format!(
+            "lease_left_at_kill_s: min={} median={} max={} rescue_minus_lease_left_s: min={} median={} p90={} max={}",
+            secs(quantile(&left, 0.0)),
+            secs(quantile(&left, 0.5)),
+            secs(quantile(&left, 1.0)),
+            secs(quantile(&over, 0.0)),
+            secs(quantile(&over, 0.5)),
+            secs(quantile(&over, 0.9)),
+            secs(quantile(&over, 1.0)),
+        )
+    };
     println!(
-        "rescue workers={} lease_s={} reconcile={} kills={} events={} rescue_s: min={} median={} p90={} max={} per_kill_max_s: median={} max={} lease_left_at_kill_s: min={} median={} max={} rescue_minus_lease_left_s: min={} median={} p90={} max={} bound_s={} (lease + max(lease/3, lease_jitter {:?})) over_bound={}",
-        args.workers,
-        args.lease_secs,
+        "rescue shape={:?} store={} workers={} lease_s={} reconcile={} kills={} events={} rescue_s: min={} median={} p90={} max={} per_kill_max_s: median={} max={} {} bound_s={} over_bound={}",
+        args.shape,
+        store_label,
+        workers_n,
+        lease.as_secs_f64(),
         !args.no_reconcile,
         args.kills,
         r.len(),
@@ -492,18 +670,13 @@ async fn main() {
         secs(quantile(&r, 1.0)),
         secs(quantile(&per_kill_max, 0.5)),
         secs(quantile(&per_kill_max, 1.0)),
-        secs(quantile(&left, 0.0)),
-        secs(quantile(&left, 0.5)),
-        secs(quantile(&left, 1.0)),
-        secs(quantile(&over, 0.0)),
-        secs(quantile(&over, 0.5)),
-        secs(quantile(&over, 0.9)),
-        secs(quantile(&over, 1.0)),
+        lease_figures,
         secs(bound.as_secs_f64()),
-        lease_jitter,
         r.iter().filter(|s| **s > bound.as_secs_f64()).count(),
     );
-    queue.close().await;
+    if let Front::Library(_, queue) = &front {
+        queue.close().await;
+    }
     for w in workers.iter_mut() {
         w.kill().await;
     }

@@ -48,8 +48,8 @@ use herald::store::{
     SweepPage, SweepPass,
 };
 use herald::{
-    AttemptError, Emitted, Event, EventId, EventState, LeaseToken, Millis, NewEvent, Notification,
-    Rule, RuleKind, RuleMatch, Store, StoreError,
+    AttemptError, Emitted, Event, EventId, EventState, Leadership, LeaseToken, Millis, NewEvent,
+    Notification, Rule, RuleKind, RuleMatch, Store, StoreError,
 };
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Connection, PgConnection, Row};
@@ -1142,17 +1142,21 @@ impl Store for PgStore {
         retry("sweep", || self.sweep_once(quiet, pass, limit)).await
     }
 
-    async fn lead(&self, role: &str, holder: &str, lease: Duration) -> StoreResult<bool> {
-        retry("lead", || {
-            self.exec_one(
-                "lead",
-                sqlx::query(&self.sql.lead)
-                    .bind(role)
-                    .bind(holder)
-                    .bind(ms(lease)),
-            )
+    async fn lead(&self, role: &str, holder: &str, lease: Duration) -> StoreResult<Leadership> {
+        let (leading, left_ms): (bool, i64) = retry("lead", || async {
+            sqlx::query_as(&self.sql.lead)
+                .bind(role)
+                .bind(holder)
+                .bind(ms(lease))
+                .fetch_one(&self.pool)
+                .await
+                .ctx("lead")
         })
-        .await
+        .await?;
+        Ok(Leadership {
+            leading,
+            left: Duration::from_millis(left_ms.max(0) as u64),
+        })
     }
 
     async fn resign(&self, role: &str, holder: &str) -> StoreResult<()> {

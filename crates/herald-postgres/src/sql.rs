@@ -183,10 +183,18 @@ const UNPARK: &str = "UPDATE {s}.events SET notified_at = least(run_at, 92233720
 
 const FORGET_PARKED: &str = "DELETE FROM {s}.parked WHERE tenant = $1 AND handler = $2";
 
-const LEAD: &str = "INSERT INTO {s}.leaders AS l (role, holder, expires_at) \
+/// Takes or keeps the leader row; answers whether `$2` leads and how many
+/// milliseconds the row's lease has left (the current holder's when not).
+/// The outer read sees the row as it was before the statement, which is
+/// the holder's row exactly when the upsert changed nothing.
+const LEAD: &str = "WITH taken AS (INSERT INTO {s}.leaders AS l (role, holder, expires_at) \
      VALUES ($1, $2, {now} + $3) \
      ON CONFLICT (role) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at \
-     WHERE l.holder = excluded.holder OR l.expires_at <= {now}";
+     WHERE l.holder = excluded.holder OR l.expires_at <= {now} \
+     RETURNING expires_at) \
+     SELECT EXISTS (SELECT 1 FROM taken), \
+            greatest(0, coalesce((SELECT expires_at FROM taken), \
+                                 (SELECT expires_at FROM {s}.leaders WHERE role = $1), {now}) - {now})";
 
 const RESIGN: &str = "DELETE FROM {s}.leaders WHERE role = $1 AND holder = $2";
 

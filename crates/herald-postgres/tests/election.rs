@@ -27,6 +27,8 @@ use sqlx::postgres::PgPoolOptions;
 const CHILD_SCHEMA: &str = "HERALD_PG_CHILD_SCHEMA";
 const CHILD_NAME: &str = "HERALD_PG_CHILD_NAME";
 const CHILD_LOG: &str = "HERALD_PG_CHILD_LOG";
+/// The child's `sweep_every` in ms (default [`SWEEP_EVERY`]).
+const CHILD_SWEEP_MS: &str = "HERALD_PG_CHILD_SWEEP_MS";
 const LEASE: Duration = Duration::from_secs(3);
 const SWEEP_EVERY: Duration = Duration::from_millis(500);
 
@@ -103,7 +105,12 @@ impl Store for SweepSpy {
         self.note();
         self.inner.sweep(quiet, pass, limit).await
     }
-    async fn lead(&self, role: &str, holder: &str, lease: Duration) -> StoreResult<bool> {
+    async fn lead(
+        &self,
+        role: &str,
+        holder: &str,
+        lease: Duration,
+    ) -> StoreResult<herald::Leadership> {
         self.inner.lead(role, holder, lease).await
     }
     async fn resign(&self, role: &str, holder: &str) -> StoreResult<()> {
@@ -146,6 +153,10 @@ fn child_pg_worker() {
     let name = std::env::var(CHILD_NAME).expect("a worker name");
     let log = PathBuf::from(std::env::var(CHILD_LOG).expect("a sweep log"));
     let marker = log.with_extension("started");
+    let sweep_every = std::env::var(CHILD_SWEEP_MS)
+        .ok()
+        .and_then(|ms| ms.parse().ok())
+        .map_or(SWEEP_EVERY, Duration::from_millis);
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async move {
         let store = PgStore::connect_with(
@@ -163,7 +174,7 @@ fn child_pg_worker() {
         let _worker = Worker::builder(spy, Arc::new(MemoryQueue::new(LEASE)))
             .config(WorkerConfig {
                 lease: LEASE,
-                sweep_every: SWEEP_EVERY,
+                sweep_every,
                 name,
                 ..WorkerConfig::default()
             })
@@ -188,6 +199,10 @@ fn child_pg_worker() {
 }
 
 fn spawn_child(schema: &str, name: &str, log: &Path) -> Child {
+    spawn_child_sweeping(schema, name, log, SWEEP_EVERY)
+}
+
+fn spawn_child_sweeping(schema: &str, name: &str, log: &Path, sweep_every: Duration) -> Child {
     Command::new(std::env::current_exe().expect("own path"))
         .args([
             "--exact",
@@ -198,6 +213,7 @@ fn spawn_child(schema: &str, name: &str, log: &Path) -> Child {
         .env(CHILD_SCHEMA, schema)
         .env(CHILD_NAME, name)
         .env(CHILD_LOG, log)
+        .env(CHILD_SWEEP_MS, sweep_every.as_millis().to_string())
         .stdout(Stdio::null())
         .spawn()
         .expect("spawn a child worker")
@@ -392,5 +408,85 @@ async fn a_killed_workers_event_runs_again_in_another_process_within_a_lease() {
     );
     assert!(store.get(e.id).await.unwrap().is_none(), "done and deleted");
     worker.shutdown(Duration::from_secs(5)).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The runs the children noted so far: `event attempt` lines.
+fn started(marker: &Path) -> Vec<String> {
+    std::fs::read_to_string(marker)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Rescue does not depend on who leads: the leader is killed while it runs
+/// an event, and the follower, though its `sweep_every` is far longer than
+/// the lease, takes the leader row as it lapses and rescues the event
+/// within a lease and a heartbeat. Before, the follower waited out
+/// `max(lease, 2 × sweep_every)` (20 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_leaders_event_is_rescued_by_a_follower_within_a_lease_and_a_heartbeat() {
+    let Some((store, schema)) = testing::fresh_schema(&testing::test_name()).await else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("herald-follower-{}", schema.name()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("sweeps.log");
+    let marker = log.with_extension("started");
+    let slow_sweeps = Duration::from_secs(10);
+    let e = NewEvent {
+        id: EventId::new(),
+        tenant: "acme".into(),
+        handler: "slow".into(),
+        payload: "{}".into(),
+        run_at: Millis::now(),
+        max_attempts: 5,
+        idempotency_key: None,
+    };
+    store.emit(std::slice::from_ref(&e)).await.unwrap();
+    // Nothing was published: A's start-up sweep notifies it.
+    let mut a = Reaper(Some(spawn_child_sweeping(
+        schema.name(),
+        "A",
+        &log,
+        slow_sweeps,
+    )));
+    let start = Instant::now();
+    while started(&marker).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "A never started it"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(started(&marker), vec![format!("{} 1", e.id)]);
+    assert_eq!(holder(&store).await.as_deref(), Some("A"));
+    let mut b = Reaper(Some(spawn_child_sweeping(
+        schema.name(),
+        "B",
+        &log,
+        slow_sweeps,
+    )));
+    // Past a heartbeat, so that A has renewed the lease at least once.
+    tokio::time::sleep(LEASE / 2).await;
+    let killed_at = a.kill();
+    while started(&marker).len() < 2 {
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(30),
+            "B never rescued it"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let rescue = killed_at.elapsed();
+    println!("B rescued A's event {rescue:?} after A's SIGKILL (lease {LEASE:?}, sweep_every {slow_sweeps:?})");
+    assert_eq!(started(&marker)[1], format!("{} 2", e.id));
+    assert_eq!(holder(&store).await.as_deref(), Some("B"));
+    let bound = LEASE + LEASE / 3 + Duration::from_millis(1000);
+    assert!(
+        rescue <= bound,
+        "rescued {rescue:?} after the kill, more than {bound:?}"
+    );
+    b.kill();
     let _ = std::fs::remove_dir_all(&dir);
 }

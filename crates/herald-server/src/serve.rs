@@ -189,9 +189,13 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
             })?,
         ),
     };
+    let mut worker_config = config.worker.clone();
+    if !config.worker_named {
+        worker_config.name = stable_name(addr);
+    }
     let tracker = Arc::new(recent::Tracker::default());
     let mut builder = Worker::builder(store.clone(), queue.clone())
-        .config(config.worker.clone())
+        .config(worker_config)
         .observer(tracker.clone());
     for (name, handler) in handlers {
         builder = match handler {
@@ -276,6 +280,18 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
         "herald serve stopped"
     );
     Ok(())
+}
+
+/// `HOST@ADDRESS`: the same for a process restarted on the same machine and
+/// address, so that it takes back its own reconciler row at once; different
+/// for every live server (two cannot bind one address).
+fn stable_name(addr: std::net::SocketAddr) -> String {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_string());
+    format!("{host}@{addr}")
 }
 
 async fn open_store(config: &ServeConfig) -> Result<Arc<dyn Store>, StoreError> {

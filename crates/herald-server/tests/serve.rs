@@ -465,7 +465,7 @@ async fn serve_on_nats_creates_the_consumer_from_its_settings_and_checks_it() {
         client,
         herald_nats::NatsConfig {
             max_ack_pending: 4321,
-            ..herald_nats::NatsConfig::new(&url, &name, Duration::from_secs(30))
+            ..herald_nats::NatsConfig::new(&url, &name, herald::WorkerConfig::default().lease)
         },
     )
     .await

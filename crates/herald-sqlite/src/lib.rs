@@ -38,8 +38,8 @@ use herald::store::{
     SweepPage, SweepPass,
 };
 use herald::{
-    AttemptError, Emitted, Event, EventId, EventState, LeaseToken, Millis, NewEvent, Notification,
-    Rule, RuleKind, RuleMatch, Store, StoreError,
+    AttemptError, Emitted, Event, EventId, EventState, Leadership, LeaseToken, Millis, NewEvent,
+    Notification, Rule, RuleKind, RuleMatch, Store, StoreError,
 };
 use rusqlite::types::Value;
 use rusqlite::vtab::array::Array;
@@ -693,18 +693,36 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn lead(&self, role: &str, holder: &str, lease: Duration) -> StoreResult<bool> {
+    async fn lead(&self, role: &str, holder: &str, lease: Duration) -> StoreResult<Leadership> {
         let (role, holder) = (role.to_string(), holder.to_string());
         self.call("lead", move |conn, now| {
-            conn.prepare_cached(
-                "INSERT INTO leaders (role, holder, expires_at) VALUES (?1, ?2, ?3) \
-                 ON CONFLICT (role) DO UPDATE \
-                   SET holder = excluded.holder, expires_at = excluded.expires_at \
-                   WHERE leaders.holder = excluded.holder OR leaders.expires_at <= ?4",
-            )
-            .and_then(|mut st| st.execute(params![role, holder, now.plus(lease).0, now.0]))
-            .map(|n| n == 1)
-            .ctx("lead")
+            const OP: &str = "lead";
+            let taken = conn
+                .prepare_cached(
+                    "INSERT INTO leaders (role, holder, expires_at) VALUES (?1, ?2, ?3) \
+                     ON CONFLICT (role) DO UPDATE \
+                       SET holder = excluded.holder, expires_at = excluded.expires_at \
+                       WHERE leaders.holder = excluded.holder OR leaders.expires_at <= ?4",
+                )
+                .and_then(|mut st| st.execute(params![role, holder, now.plus(lease).0, now.0]))
+                .ctx(OP)?
+                == 1;
+            if taken {
+                return Ok(Leadership {
+                    leading: true,
+                    left: lease,
+                });
+            }
+            // Someone else holds it: the same connection, so the same moment.
+            let expires: Option<i64> = conn
+                .prepare_cached("SELECT expires_at FROM leaders WHERE role = ?1")
+                .and_then(|mut st| st.query_row(params![role], |r| r.get(0)).optional())
+                .ctx(OP)?;
+            let left_ms = expires.map_or(0, |e| e.saturating_sub(now.0).max(0));
+            Ok(Leadership {
+                leading: false,
+                left: Duration::from_millis(left_ms as u64),
+            })
         })
         .await
     }

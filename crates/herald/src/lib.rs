@@ -25,5 +25,5 @@ pub use model::{
 };
 pub use queue::{Delivery, DeliveryTag, Publish, Queue, QueueError};
 pub use retry::{RetryPolicy, DEFAULT_MAX_ATTEMPTS};
-pub use store::{Store, StoreError};
+pub use store::{Leadership, Store, StoreError};
 pub use worker::{ShutdownHandle, ShutdownReport, Worker, WorkerBuilder, WorkerConfig};

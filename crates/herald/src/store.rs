@@ -16,6 +16,17 @@ use crate::model::{
     Rule, RuleKind, RuleMatch,
 };
 
+/// What [`Store::lead`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Leadership {
+    /// Whether the caller holds the leader lease now.
+    pub leading: bool,
+    /// How long the lease has left: the caller's own when it leads (the
+    /// whole `lease` asked for), the current holder's otherwise (zero when
+    /// it lapses now).
+    pub left: Duration,
+}
+
 /// Errors from a store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -254,9 +265,12 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
     ) -> StoreResult<SweepPage>;
 
-    /// Takes or keeps the named leader lease for `holder` for `lease`.
-    /// Returns whether `holder` leads now.
-    async fn lead(&self, role: &str, holder: &str, lease: Duration) -> StoreResult<bool>;
+    /// Takes or keeps the named leader lease for `holder` for `lease`: it
+    /// is taken when the row is free, expired, or already `holder`'s (so a
+    /// restarted process under the same stable name leads again at once).
+    /// Says whether `holder` leads now and, if not, how long the current
+    /// holder's lease has left, so a follower asks again just as it lapses.
+    async fn lead(&self, role: &str, holder: &str, lease: Duration) -> StoreResult<Leadership>;
 
     /// Gives the leader lease up, if `holder` has it.
     async fn resign(&self, role: &str, holder: &str) -> StoreResult<()>;

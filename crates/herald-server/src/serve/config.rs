@@ -192,6 +192,10 @@ pub struct ServeConfig {
     pub max_batch: usize,
     /// The worker's settings.
     pub worker: WorkerConfig,
+    /// Whether `worker.name` was set; if not, the server names its worker
+    /// `HOST@ADDRESS` once it has bound its address, a name that survives a
+    /// restart (see [`WorkerConfig::name`]).
+    pub worker_named: bool,
     /// How long shutdown waits for running handlers before cancelling them.
     pub shutdown_grace: Duration,
     /// API tokens.
@@ -689,7 +693,7 @@ fn resolve(raw: FileConfig, origins: &Origins) -> Result<ServeConfig, ConfigErro
         if d < Duration::from_millis(300) {
             return Err(err(
                 "worker.lease",
-                format!("{d:?} is too short: a lease is renewed every third of itself, so it must be at least 300ms (30s is the default)"),
+                format!("{d:?} is too short: a lease is renewed every third of itself, so it must be at least 300ms ({:?} is the default)", WorkerConfig::default().lease),
             ));
         }
         worker.lease = d;
@@ -698,7 +702,10 @@ fn resolve(raw: FileConfig, origins: &Origins) -> Result<ServeConfig, ConfigErro
         if d.is_zero() {
             return Err(err(
                 "worker.sweep_every",
-                "must be more than 0s (5s is the default)".into(),
+                format!(
+                    "must be more than 0s ({:?} is the default)",
+                    WorkerConfig::default().sweep_every
+                ),
             ));
         }
         worker.sweep_every = d;
@@ -713,6 +720,7 @@ fn resolve(raw: FileConfig, origins: &Origins) -> Result<ServeConfig, ConfigErro
     if let Some(r) = w.reconcile {
         worker.reconcile = r;
     }
+    let worker_named = w.name.is_some();
     if let Some(name) = w.name {
         herald::client::check_name("worker.name", &name)
             .map_err(|e| err("worker.name", e.to_string()))?;
@@ -772,6 +780,7 @@ fn resolve(raw: FileConfig, origins: &Origins) -> Result<ServeConfig, ConfigErro
         max_request_bytes,
         max_batch,
         worker,
+        worker_named,
         shutdown_grace,
         auth,
         handlers: raw.handlers,

@@ -132,14 +132,17 @@ pub struct WorkerConfig {
     pub concurrency: usize,
     /// Most notifications taken from the queue (and claimed) per batch. Default 512.
     pub batch: usize,
-    /// How long a claim lasts without renewal. Renewed every `lease / 3`.
-    /// Default 30 s.
+    /// How long a claim lasts without renewal. Renewed every `lease / 3`
+    /// (the heartbeat). Default 9 s: a killed worker's events run again
+    /// about 9 s after the kill, and a store that stalls for up to two
+    /// heartbeats (6 s) loses no lease. Peers default to 30 s because they
+    /// cannot renew; see docs/adr/0006-rescue-by-any-worker.md.
     pub lease: Duration,
     /// The decision's knobs (retry backoff, delays).
     pub policy: Policy,
-    /// How often the elected reconciler sweeps. Default 5 s; keep it at most
-    /// `lease / 3` so a dead worker's event is rescued within a lease and a
-    /// heartbeat.
+    /// How often the elected reconciler sweeps. Default 3 s. It sweeps at
+    /// least once per heartbeat (`lease / 3`) whatever this says, so an
+    /// expired lease is found within a heartbeat of its expiry.
     pub sweep_every: Duration,
     /// An event counts as "not notified recently" after this long. Default 60 s.
     pub sweep_quiet: Duration,
@@ -149,7 +152,11 @@ pub struct WorkerConfig {
     pub done_retention: Option<Duration>,
     /// Whether this worker may run the reconciler. Default true.
     pub reconcile: bool,
-    /// This worker's name in logs and in the leader row. Default: a random id.
+    /// This worker's name in logs and in the leader row. Default: a random
+    /// id. A name that stays the same across restarts (`herald serve` uses
+    /// `HOST@ADDRESS`) lets a restarted process take its own leader row at
+    /// once instead of waiting out its dead predecessor's lease; two live
+    /// workers must not share one.
     pub name: String,
 }
 
@@ -158,9 +165,9 @@ impl Default for WorkerConfig {
         WorkerConfig {
             concurrency: 64,
             batch: 512,
-            lease: Duration::from_secs(30),
+            lease: Duration::from_secs(9),
             policy: Policy::default(),
-            sweep_every: Duration::from_secs(5),
+            sweep_every: Duration::from_secs(3),
             sweep_quiet: Duration::from_secs(60),
             dead_retention: Duration::from_secs(7 * 24 * 3600),
             done_retention: None,

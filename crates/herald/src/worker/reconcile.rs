@@ -12,21 +12,27 @@ use crate::queue::Publish;
 const ROLE: &str = "reconciler";
 /// Events per sweep or purge page.
 const PAGE: usize = 1000;
+/// The shortest wait between two passes, and a follower's jitter.
+const MIN_PASS: Duration = Duration::from_millis(20);
 
 pub(super) async fn reconcile_loop(shared: Arc<Shared>) {
     let cfg = &shared.config;
-    // The leader lease is as long as an event lease, so that when a leader
-    // dies, the next one takes over by the time its events' leases lapse.
-    let lead_for = cfg.lease.max(cfg.sweep_every * 2);
+    // The leader lease is an event lease, renewed on the heartbeat's beat:
+    // when a leader dies, its lease lapses when its events' leases do, and a
+    // follower asking just then takes over in time to rescue them.
+    let lead_for = cfg.lease;
+    // At least once per heartbeat, so that an expired lease is found within
+    // a heartbeat of its expiry, whatever `sweep_every` says.
+    let every = cfg.sweep_every.min(cfg.lease / 3).max(MIN_PASS);
     // A queue that forgets on restart gets every due event once at start.
     let mut full_sweep = !shared.queue.durable();
     let mut leading = false;
     loop {
-        match shared.store.lead(ROLE, &cfg.name, lead_for).await {
-            Ok(now_leading) => {
-                if now_leading != leading {
-                    tracing::info!(worker = %cfg.name, leading = now_leading, "reconciler leadership changed");
-                    leading = now_leading;
+        let wait = match shared.store.lead(ROLE, &cfg.name, lead_for).await {
+            Ok(l) => {
+                if l.leading != leading {
+                    tracing::info!(worker = %cfg.name, leading = l.leading, "reconciler leadership changed");
+                    leading = l.leading;
                 }
                 if leading {
                     let quiet = if full_sweep {
@@ -39,15 +45,22 @@ pub(super) async fn reconcile_loop(shared: Arc<Shared>) {
                         WorkerStats::add(&shared.stats.sweeps, 1);
                     }
                     purge(&shared).await;
+                    every
+                } else {
+                    // Ask again as the holder's lease lapses; the jitter keeps
+                    // followers from asking all in the same millisecond.
+                    let jitter = MIN_PASS.mul_f64(Shared::jitter());
+                    every.min(l.left + jitter)
                 }
             }
             Err(e) => {
                 WorkerStats::add(&shared.stats.store_errors, 1);
                 tracing::warn!(error = %e, "cannot take or keep the reconciler lease");
+                every
             }
-        }
+        };
         tokio::select! {
-            _ = tokio::time::sleep(cfg.sweep_every) => {}
+            _ = tokio::time::sleep(wait) => {}
             _ = shared.stop_background.cancelled() => break,
         }
     }
