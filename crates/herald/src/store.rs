@@ -53,6 +53,19 @@ pub enum StoreError {
     /// The store failed while serving a request; nothing was written.
     #[error("store failed: {0}")]
     Backend(String),
+    /// The store could not be reached (the connection was lost, the server
+    /// shut down or does not answer) and did not come back within the
+    /// store's retries. A write may or may not have happened: an emit may
+    /// have been stored, and emitting the same events (same ids) again is
+    /// safe. `herald serve` answers 503 `store_unavailable`.
+    #[error("store unavailable: {op}: {source}")]
+    Unavailable {
+        /// The store operation (`emit`, `claim`, …).
+        op: &'static str,
+        /// The last connection error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The store has been closed.
     #[error("the store is closed")]
     Closed,
