@@ -20,7 +20,7 @@
 //! use herald::Store;
 //! herald_postgres::migrate("postgres://postgres@127.0.0.1/app", "herald").await?;
 //! let store = herald_postgres::PgStore::connect("postgres://postgres@127.0.0.1/app").await?;
-//! let counts = store.counts().await?;
+//! let counts = store.counts(&herald::CountsQuery::all()).await?;
 //! # Ok(()) }
 //! ```
 //!
@@ -44,8 +44,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use herald::store::{
-    Count, EventFilter, Finish, Inspected, Inspection, LeaseRef, Scheduled, Settle, StoreResult,
-    SweepPage, SweepPass,
+    CountsQuery, EventFilter, Finish, HandlerCounts, Inspected, Inspection, LeaseRef,
+    PendingSample, Scheduled, Settle, StoreResult, SweepPage, SweepPass,
 };
 use herald::{
     AttemptError, Emitted, Event, EventId, EventState, LeaseToken, Millis, NewEvent, Notification,
@@ -55,7 +55,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Connection, PgConnection, Row};
 use uuid::Uuid;
 
-use crate::rows::{event, event_row, state_code, state_from, Ctx, DbError, EVENT_COLUMN_COUNT};
+use crate::rows::{event, event_row, state_code, Ctx, DbError, EVENT_COLUMN_COUNT};
 use crate::schema::SchemaName;
 use crate::sql::Sql;
 
@@ -1270,22 +1270,50 @@ impl Store for PgStore {
         Ok(self.list_once(filter, limit).await?)
     }
 
-    async fn counts(&self) -> StoreResult<Vec<Count>> {
+    async fn counts(&self, query: &CountsQuery) -> StoreResult<Vec<HandlerCounts>> {
         const OP: &str = "counts";
-        let rows: Vec<(String, String, i16, i64)> = sqlx::query_as(&self.sql.counts)
-            .fetch_all(&self.pool)
-            .await
-            .ctx(OP)?;
-        rows.into_iter()
-            .map(|(tenant, handler, state, count)| {
-                Ok(Count {
-                    tenant,
-                    handler,
-                    state: state_from(2, state).ctx(OP)?,
-                    count: count.max(0) as u64,
-                })
-            })
-            .collect()
+        let pairs: Vec<(String, String)> = match &query.tenant {
+            Some(t) => sqlx::query_as(&self.sql.count_pairs_of).bind(t),
+            None => sqlx::query_as(&self.sql.count_pairs).bind(""),
+        }
+        .fetch_all(&self.pool)
+        .await
+        .ctx(OP)?;
+        let cap = i64::try_from(query.exact_up_to).unwrap_or(i64::MAX);
+        let mut out = Vec::with_capacity(pairs.len());
+        for (tenant, handler) in pairs {
+            if query.handler.as_ref().is_some_and(|h| *h != handler) {
+                continue;
+            }
+            let (pending, dead, done, held, read, running, delayed): (
+                i64,
+                i64,
+                i64,
+                bool,
+                i64,
+                i64,
+                i64,
+            ) = sqlx::query_as(&self.sql.count_pair)
+                .bind(&tenant)
+                .bind(&handler)
+                .bind(cap)
+                .fetch_one(&self.pool)
+                .await
+                .ctx(OP)?;
+            let n = |v: i64| v.max(0) as u64;
+            out.push(HandlerCounts::from_parts(
+                tenant,
+                handler,
+                [n(pending), n(dead), n(done)],
+                held,
+                PendingSample {
+                    read: n(read),
+                    running: n(running),
+                    delayed: n(delayed),
+                },
+            ));
+        }
+        Ok(out)
     }
 
     async fn revive(&self, id: EventId) -> StoreResult<Option<Scheduled>> {

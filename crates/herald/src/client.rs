@@ -8,10 +8,12 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 
 use crate::handler::Job;
-use crate::model::{Emitted, Event, EventId, Millis, NewEvent, Rule, RuleKind, RuleMatch};
+use crate::model::{
+    Emitted, Event, EventId, EventState, Millis, NewEvent, Rule, RuleKind, RuleMatch,
+};
 use crate::queue::{Publish, Queue};
 use crate::retry::DEFAULT_MAX_ATTEMPTS;
-use crate::store::{Count, EventFilter, Scheduled, Store, StoreError};
+use crate::store::{Count, CountsQuery, EventFilter, HandlerCounts, Scheduled, Store, StoreError};
 
 /// The default payload size limit: 1 MiB.
 pub const DEFAULT_MAX_PAYLOAD: usize = 1 << 20;
@@ -451,9 +453,42 @@ impl Client {
         Ok(self.store.list(filter, limit).await?)
     }
 
-    /// Stored events counted by tenant, handler and state.
+    /// Stored events counted by tenant, handler and state, exactly (it
+    /// reads every pending event: on big tables prefer
+    /// [`Client::handler_counts`]). Kept for compatibility.
     pub async fn counts(&self) -> Result<Vec<Count>, ClientError> {
-        Ok(self.store.counts().await?)
+        let rows = self
+            .store
+            .counts(&CountsQuery::all().exact_up_to(u64::MAX))
+            .await?;
+        let mut out = Vec::new();
+        for r in rows {
+            for (state, count) in [
+                (EventState::Pending, r.pending()),
+                (EventState::Dead, r.dead),
+                (EventState::Done, r.done),
+            ] {
+                if count > 0 {
+                    out.push(Count {
+                        tenant: r.tenant.clone(),
+                        handler: r.handler.clone(),
+                        state,
+                        count,
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Counts per `(tenant, handler)`: waiting, running, delayed, held,
+    /// dead and done, cheap on millions of events (see [`Store::counts`];
+    /// a row says when its split is `estimated`).
+    pub async fn handler_counts(
+        &self,
+        query: &CountsQuery,
+    ) -> Result<Vec<HandlerCounts>, ClientError> {
+        Ok(self.store.counts(query).await?)
     }
 
     /// Every pause and block.

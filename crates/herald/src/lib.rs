@@ -27,7 +27,9 @@ pub use model::{
 };
 pub use queue::{Delivery, DeliveryTag, Publish, Queue, QueueError};
 pub use retry::{RetryPolicy, DEFAULT_MAX_ATTEMPTS};
-pub use store::{EventFilter, Store, StoreError, StoreResult};
+pub use store::{
+    CountsQuery, EventFilter, HandlerCounts, PendingSample, Store, StoreError, StoreResult,
+};
 pub use worker::{
     RunObserver, RunSettled, ShutdownHandle, ShutdownReport, StatsSnapshot, Worker, WorkerBuilder,
     WorkerConfig, WorkerStats,
