@@ -20,7 +20,7 @@
 //! use herald::Store;
 //! herald_postgres::migrate("postgres://postgres@127.0.0.1/app", "herald").await?;
 //! let store = herald_postgres::PgStore::connect("postgres://postgres@127.0.0.1/app").await?;
-//! let counts = store.counts().await?;
+//! let counts = store.counts(&herald::CountsQuery::all()).await?;
 //! # Ok(()) }
 //! ```
 //!
@@ -44,8 +44,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use herald::store::{
-    Count, EventFilter, Finish, Inspected, Inspection, LeaseRef, Scheduled, Settle, StoreResult,
-    SweepPage, SweepPass,
+    CountsQuery, EventFilter, Finish, HandlerCounts, Inspected, Inspection, LeaseRef,
+    PendingSample, Scheduled, Settle, StoreResult, SweepPage, SweepPass,
 };
 use herald::{
     AttemptError, Emitted, Event, EventId, EventState, Leadership, LeaseToken, Millis, NewEvent,
@@ -55,7 +55,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Connection, PgConnection, Row};
 use uuid::Uuid;
 
-use crate::rows::{event, event_row, state_code, state_from, Ctx, DbError, EVENT_COLUMN_COUNT};
+use crate::rows::{event, event_row, state_code, Ctx, DbError, EVENT_COLUMN_COUNT};
 use crate::schema::SchemaName;
 use crate::sql::Sql;
 
@@ -185,6 +185,36 @@ where
             other => return other.map_err(StoreError::from),
         }
     }
+}
+
+/// Tries of an emit whose connection was lost, and the pause before the
+/// second: it doubles after each try (100, 200, 400, 800, 1600 ms, each
+/// ±25%), about 3.1 s in all before [`StoreError::Unavailable`].
+/// docs/postgres.md documents it.
+pub const EMIT_TRIES: u32 = 6;
+/// The pause after an emit's first lost connection; see [`EMIT_TRIES`].
+pub const EMIT_FIRST_PAUSE: Duration = Duration::from_millis(100);
+
+/// The pause before try `tries + 1` of an emit (`tries` from 1), with
+/// `jitter` in `[0, 1)` spreading it over ±25%.
+fn emit_pause(tries: u32, jitter: f64) -> Duration {
+    let base = EMIT_FIRST_PAUSE * 2u32.pow(tries.saturating_sub(1).min(16));
+    base.mul_f64(0.75 + 0.5 * jitter.clamp(0.0, 1.0))
+}
+
+/// What a retried emit returns: an event found under its own id was
+/// stored by an earlier try of this same call (its ids are fresh), so it
+/// counts as created, and its notification is published. A repeat of an
+/// older emit would be notified twice, which is harmless.
+fn after_retry(events: &[NewEvent], emitted: Vec<Emitted>) -> Vec<Emitted> {
+    events
+        .iter()
+        .zip(emitted)
+        .map(|(e, out)| match out {
+            Emitted::Existing(id) if id == e.id => Emitted::Created(id),
+            other => other,
+        })
+        .collect()
 }
 
 /// A small pseudo-random pause in `[0, max)` ms (no need for a real RNG).
@@ -482,6 +512,33 @@ impl PgStore {
         let out = self.emit_on(&mut tx, events).await?;
         tx.commit().await.ctx("emit")?;
         Ok(out)
+    }
+
+    /// [`Store::emit`]: tries again on a transient failure (as [`retry`])
+    /// and on a lost connection ([`EMIT_TRIES`], with growing pauses), which
+    /// is safe because the insert does nothing for ids that exist.
+    async fn emit_retrying(&self, events: &[NewEvent]) -> StoreResult<Vec<Emitted>> {
+        let mut transient = 1;
+        let mut lost = 1;
+        loop {
+            match self.emit_once(events).await {
+                Ok(out) if lost > 1 => return Ok(after_retry(events, out)),
+                Ok(out) => return Ok(out),
+                Err(e) if e.transient() && transient < 4 => {
+                    tracing::debug!(error = %e, tries = transient, "herald-postgres: transient failure, trying again");
+                    transient += 1;
+                    tokio::time::sleep(Duration::from_millis(rand_millis(5 * transient as u64)))
+                        .await;
+                }
+                Err(e) if e.connection_lost() && lost < EMIT_TRIES => {
+                    let pause = emit_pause(lost, rand_millis(1000) as f64 / 1000.0);
+                    tracing::warn!(error = %e, tries = lost, ?pause, events = events.len(), "herald-postgres: emit lost its connection, trying again");
+                    lost += 1;
+                    tokio::time::sleep(pause).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     async fn claim_once(
@@ -998,7 +1055,7 @@ impl Store for PgStore {
         if events.is_empty() {
             return Ok(Vec::new());
         }
-        retry("emit", || self.emit_once(events)).await
+        self.emit_retrying(events).await
     }
 
     async fn claim(
@@ -1217,22 +1274,50 @@ impl Store for PgStore {
         Ok(self.list_once(filter, limit).await?)
     }
 
-    async fn counts(&self) -> StoreResult<Vec<Count>> {
+    async fn counts(&self, query: &CountsQuery) -> StoreResult<Vec<HandlerCounts>> {
         const OP: &str = "counts";
-        let rows: Vec<(String, String, i16, i64)> = sqlx::query_as(&self.sql.counts)
-            .fetch_all(&self.pool)
-            .await
-            .ctx(OP)?;
-        rows.into_iter()
-            .map(|(tenant, handler, state, count)| {
-                Ok(Count {
-                    tenant,
-                    handler,
-                    state: state_from(2, state).ctx(OP)?,
-                    count: count.max(0) as u64,
-                })
-            })
-            .collect()
+        let pairs: Vec<(String, String)> = match &query.tenant {
+            Some(t) => sqlx::query_as(&self.sql.count_pairs_of).bind(t),
+            None => sqlx::query_as(&self.sql.count_pairs).bind(""),
+        }
+        .fetch_all(&self.pool)
+        .await
+        .ctx(OP)?;
+        let cap = i64::try_from(query.exact_up_to).unwrap_or(i64::MAX);
+        let mut out = Vec::with_capacity(pairs.len());
+        for (tenant, handler) in pairs {
+            if query.handler.as_ref().is_some_and(|h| *h != handler) {
+                continue;
+            }
+            let (pending, dead, done, held, read, running, delayed): (
+                i64,
+                i64,
+                i64,
+                bool,
+                i64,
+                i64,
+                i64,
+            ) = sqlx::query_as(&self.sql.count_pair)
+                .bind(&tenant)
+                .bind(&handler)
+                .bind(cap)
+                .fetch_one(&self.pool)
+                .await
+                .ctx(OP)?;
+            let n = |v: i64| v.max(0) as u64;
+            out.push(HandlerCounts::from_parts(
+                tenant,
+                handler,
+                [n(pending), n(dead), n(done)],
+                held,
+                PendingSample {
+                    read: n(read),
+                    running: n(running),
+                    delayed: n(delayed),
+                },
+            ));
+        }
+        Ok(out)
     }
 
     async fn revive(&self, id: EventId) -> StoreResult<Option<Scheduled>> {
@@ -1244,5 +1329,51 @@ impl Store for PgStore {
             self.exec_one("delete", sqlx::query(&self.sql.delete).bind(id.0))
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn emit_pauses_double_from_100_ms_to_1600_ms_within_a_quarter() {
+        let mids: Vec<u128> = (1..EMIT_TRIES)
+            .map(|t| emit_pause(t, 0.5).as_millis())
+            .collect();
+        assert_eq!(mids, [100, 200, 400, 800, 1600]);
+        assert_eq!(emit_pause(1, 0.0), Duration::from_millis(75));
+        assert_eq!(emit_pause(5, 1.0), Duration::from_millis(2000));
+    }
+
+    #[test]
+    fn after_a_retry_an_event_found_under_its_own_id_counts_as_created() {
+        let e = |key: Option<&str>| NewEvent {
+            id: EventId::new(),
+            tenant: "t".into(),
+            handler: "h".into(),
+            payload: "1".into(),
+            run_at: Millis(0),
+            max_attempts: 1,
+            idempotency_key: key.map(str::to_string),
+        };
+        let events = [e(None), e(Some("k")), e(None)];
+        let other = EventId::new();
+        let out = after_retry(
+            &events,
+            vec![
+                Emitted::Existing(events[0].id),
+                Emitted::Existing(other),
+                Emitted::Created(events[2].id),
+            ],
+        );
+        assert_eq!(
+            out,
+            [
+                Emitted::Created(events[0].id),
+                Emitted::Existing(other),
+                Emitted::Created(events[2].id)
+            ]
+        );
     }
 }

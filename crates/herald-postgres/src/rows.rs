@@ -40,12 +40,41 @@ impl DbError {
             _ => false,
         }
     }
+
+    /// The connection was lost or could not be had: an I/O error, a pool
+    /// that found no live connection in time, or the server's "admin
+    /// shutdown" class (57P01 terminated, 57P02 crash shutdown, 57P03
+    /// cannot connect now) and connection exceptions (08xxx). The
+    /// statement may or may not have committed.
+    pub(crate) fn connection_lost(&self) -> bool {
+        match self {
+            DbError::Sql { source, .. } => connection_error(source),
+            DbError::Store(_) => false,
+        }
+    }
+}
+
+fn connection_error(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(e) => e
+            .code()
+            .is_some_and(|c| c.starts_with("08") || matches!(&*c, "57P01" | "57P02" | "57P03")),
+        _ => false,
+    }
 }
 
 impl From<DbError> for StoreError {
     fn from(e: DbError) -> Self {
         match e {
             DbError::Store(e) => e,
+            DbError::Sql { op, source } if connection_error(&source) => StoreError::Unavailable {
+                op,
+                source: Box::new(source),
+            },
             sql => StoreError::Backend(sql.to_string()),
         }
     }

@@ -208,8 +208,48 @@ const GET: &str = "SELECT {cols} FROM {s}.events AS e WHERE e.id = $1";
 /// The error history as JSON text (`NULL` when there is none). `$1` id.
 const HISTORY: &str = "SELECT e.errors::text FROM {s}.events AS e WHERE e.id = $1";
 
-const COUNTS: &str = "SELECT tenant, handler, state, count(*) FROM {s}.events \
-     GROUP BY tenant, handler, state ORDER BY tenant, handler, state";
+/// The `(tenant, handler)` pairs with events, by a skip scan of
+/// events_by_handler (one index seek per pair). `$1` the tenant to start
+/// at ('' for all).
+const COUNT_PAIRS: &str = "WITH RECURSIVE p AS ( \
+       (SELECT tenant, handler FROM {s}.events WHERE (tenant, handler) > ($1, '') \
+        ORDER BY tenant, handler LIMIT 1) \
+       UNION ALL \
+       SELECT n.tenant, n.handler FROM p, LATERAL ( \
+         SELECT e.tenant, e.handler FROM {s}.events AS e \
+         WHERE (e.tenant, e.handler) > (p.tenant, p.handler) \
+         ORDER BY e.tenant, e.handler LIMIT 1) AS n) \
+     SELECT tenant, handler FROM p";
+
+/// [`COUNT_PAIRS`] of one tenant: the scan stops at its last handler.
+/// `$1` tenant.
+const COUNT_PAIRS_OF: &str = "WITH RECURSIVE p AS ( \
+       (SELECT tenant, handler FROM {s}.events WHERE tenant = $1 \
+        ORDER BY tenant, handler LIMIT 1) \
+       UNION ALL \
+       SELECT n.tenant, n.handler FROM p, LATERAL ( \
+         SELECT e.tenant, e.handler FROM {s}.events AS e \
+         WHERE e.tenant = $1 AND e.handler > p.handler \
+         ORDER BY e.handler LIMIT 1) AS n) \
+     SELECT tenant, handler FROM p";
+
+/// One pair's counts: pending, dead and done from events_by_handler; whether
+/// a rule holds it; and up to `$3` of its pending events split into
+/// running and delayed (by the database's clock). `$1` tenant, `$2` handler.
+const COUNT_PAIR: &str = "SELECT \
+       (SELECT count(*) FROM {s}.events WHERE tenant = $1 AND handler = $2 AND state = 0), \
+       (SELECT count(*) FROM {s}.events WHERE tenant = $1 AND handler = $2 AND state = 1), \
+       (SELECT count(*) FROM {s}.events WHERE tenant = $1 AND handler = $2 AND state = 2), \
+       EXISTS (SELECT 1 FROM {s}.rules WHERE tenant = $1 AND handler = $2), \
+       x.read, x.running, x.delayed \
+     FROM (SELECT count(*) AS read, \
+             count(*) FILTER (WHERE lease_expires_at > c.now) AS running, \
+             count(*) FILTER (WHERE (lease_expires_at IS NULL OR lease_expires_at <= c.now) \
+                              AND run_at > c.now) AS delayed \
+           FROM (SELECT {nowexpr} AS now) AS c, \
+                LATERAL (SELECT run_at, lease_expires_at FROM {s}.events \
+                         WHERE tenant = $1 AND handler = $2 AND state = 0 LIMIT $3) AS s \
+          ) AS x";
 
 const REVIVE_CLASH: &str = "SELECT live.id FROM {s}.events AS dead JOIN {s}.events AS live \
        ON live.tenant = dead.tenant AND live.handler = dead.handler \
@@ -263,7 +303,9 @@ pub(crate) struct Sql {
     pub(crate) purge: String,
     pub(crate) get: String,
     pub(crate) history: String,
-    pub(crate) counts: String,
+    pub(crate) count_pairs: String,
+    pub(crate) count_pairs_of: String,
+    pub(crate) count_pair: String,
     pub(crate) revive_clash: String,
     pub(crate) revive: String,
     pub(crate) delete: String,
@@ -307,7 +349,9 @@ impl Sql {
             purge: f(PURGE),
             get: f(GET),
             history: f(HISTORY),
-            counts: f(COUNTS),
+            count_pairs: f(COUNT_PAIRS),
+            count_pairs_of: f(COUNT_PAIRS_OF),
+            count_pair: f(COUNT_PAIR),
             revive_clash: f(REVIVE_CLASH),
             revive: f(REVIVE),
             delete: f(DELETE),

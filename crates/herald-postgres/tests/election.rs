@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use herald::store::{
-    Count, EventFilter, Inspection, LeaseRef, Scheduled, Settle, StoreResult, SweepPage, SweepPass,
+    EventFilter, Inspection, LeaseRef, Scheduled, Settle, StoreResult, SweepPage, SweepPass,
 };
 use herald::{
     Emitted, Event, EventId, LeaseToken, MemoryQueue, Millis, NewEvent, Rule, RuleMatch, Store,
@@ -133,8 +133,8 @@ impl Store for SweepSpy {
     async fn list(&self, filter: &EventFilter, limit: usize) -> StoreResult<Vec<Event>> {
         self.inner.list(filter, limit).await
     }
-    async fn counts(&self) -> StoreResult<Vec<Count>> {
-        self.inner.counts().await
+    async fn counts(&self, query: &herald::CountsQuery) -> StoreResult<Vec<herald::HandlerCounts>> {
+        self.inner.counts(query).await
     }
     async fn revive(&self, id: EventId) -> StoreResult<Option<Scheduled>> {
         self.inner.revive(id).await

@@ -308,9 +308,9 @@ async fn emit_of_many_is_one_batch_and_names_survive_exactly() {
         .iter()
         .zip(&batch)
         .all(|(o, e)| *o == Emitted::Created(e.id)));
-    let counts = f.store.counts().await.unwrap();
+    let counts = f.store.counts(&herald::CountsQuery::all()).await.unwrap();
     assert_eq!(counts.len(), 1);
-    assert_eq!((counts[0].tenant.as_str(), counts[0].count), (odd, 1000));
+    assert_eq!((counts[0].tenant.as_str(), counts[0].total()), (odd, 1000));
     assert!(f.store.emit(&[]).await.unwrap().is_empty());
 }
 
@@ -348,7 +348,10 @@ async fn concurrent_emits_of_one_key_store_one_event() {
         assert_eq!(created.len(), 1, "round {round}: {results:?}");
         assert!(results.iter().all(|r| r.id() == created[0]), "{results:?}");
     }
-    assert_eq!(f.store.counts().await.unwrap()[0].count, 5);
+    assert_eq!(
+        f.store.counts(&herald::CountsQuery::all()).await.unwrap()[0].total(),
+        5
+    );
 }
 
 #[tokio::test]
@@ -367,7 +370,12 @@ async fn emit_in_a_rolled_back_transaction_stores_nothing() {
     assert_eq!(f.store.get(e.id).await.unwrap(), None);
     tx.rollback().await.unwrap();
     assert_eq!(f.store.get(e.id).await.unwrap(), None);
-    assert!(f.store.counts().await.unwrap().is_empty());
+    assert!(f
+        .store
+        .counts(&herald::CountsQuery::all())
+        .await
+        .unwrap()
+        .is_empty());
     assert!(sweep(&f.store, Duration::ZERO, 100).await.is_empty());
 
     let g = NewEvent {
@@ -588,7 +596,12 @@ async fn heartbeats_and_settles_of_the_same_runs_do_not_deadlock() {
     }
     renewer.await.unwrap();
     assert_eq!(settled, 300);
-    assert!(f.store.counts().await.unwrap().is_empty());
+    assert!(f
+        .store
+        .counts(&herald::CountsQuery::all())
+        .await
+        .unwrap()
+        .is_empty());
 }
 
 // ---------------------------------------------------------------- rules

@@ -80,7 +80,13 @@ fn request(n: usize) -> EmitRequest {
 }
 
 async fn stored(store: &PgStore) -> u64 {
-    store.counts().await.unwrap().iter().map(|c| c.count).sum()
+    store
+        .counts(&herald::CountsQuery::all())
+        .await
+        .unwrap()
+        .iter()
+        .map(|c| c.total())
+        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

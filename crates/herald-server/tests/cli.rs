@@ -444,10 +444,21 @@ fn every_command_against_a_real_server() {
         .find(|l| l.contains("held"))
         .unwrap_or_else(|| panic!("{text}"));
     let words: Vec<&str> = line.split_whitespace().collect();
+    // TENANT HANDLER WAITING RUNNING DELAYED HELD DEAD DONE (no rule).
+    assert_eq!(words.len(), 8, "{text}");
+    assert_eq!(words[..2], ["acme", "held"], "{text}");
+    let n = |i: usize| words[i].parse::<usize>().unwrap();
+    assert_eq!(n(4), 1, "the one emitted with --delay 1h: {text}");
+    assert_eq!(n(2) + n(4), held.len() - 1, "{text}");
     assert_eq!(
-        words,
-        ["acme", "held", "pending", &(held.len() - 1).to_string()]
+        words[3..8].iter().filter(|w| **w == "0").count(),
+        4,
+        "{text}"
     );
+    let v = cli.run(&["stats", "--tenant", "nobody", "--json"]).json();
+    assert_eq!(v["by_handler"], serde_json::json!([]), "{v}");
+    let only = cli.run(&["stats", "--tenant", "acme"]);
+    assert!(only.ok().contains("acme "), "{}", only.stdout);
     assert!(
         text.contains("handlers run by this server: fail, work"),
         "{text}"

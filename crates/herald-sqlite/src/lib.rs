@@ -15,7 +15,7 @@
 //! # async fn demo() -> Result<(), herald::StoreError> {
 //! use herald::Store;
 //! let store = herald_sqlite::SqliteStore::open("herald.db")?;
-//! let counts = store.counts().await?;
+//! let counts = store.counts(&herald::CountsQuery::all()).await?;
 //! # Ok(()) }
 //! ```
 #![forbid(unsafe_code)]
@@ -34,8 +34,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use herald::store::{
-    Count, EventFilter, Finish, Inspected, Inspection, LeaseRef, Scheduled, Settle, StoreResult,
-    SweepPage, SweepPass,
+    CountsQuery, EventFilter, Finish, HandlerCounts, Inspected, Inspection, LeaseRef,
+    PendingSample, Scheduled, Settle, StoreResult, SweepPage, SweepPass,
 };
 use herald::{
     AttemptError, Emitted, Event, EventId, EventState, Leadership, LeaseToken, Millis, NewEvent,
@@ -844,26 +844,95 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn counts(&self) -> StoreResult<Vec<Count>> {
-        self.call("counts", move |conn, _| {
+    async fn counts(&self, query: &CountsQuery) -> StoreResult<Vec<HandlerCounts>> {
+        let query = query.clone();
+        self.call("counts", move |conn, now| {
             const OP: &str = "counts";
-            let mut stmt = conn
+            // The pairs by a skip scan of events_by_handler: one seek per
+            // pair, however many events each has.
+            let mut next = conn
                 .prepare_cached(
-                    "SELECT tenant, handler, state, count(*) FROM events \
-                     GROUP BY tenant, handler, state ORDER BY tenant, handler, state",
+                    "SELECT tenant, handler FROM events WHERE (tenant, handler) > (?1, ?2) \
+                     ORDER BY tenant, handler LIMIT 1",
                 )
                 .ctx(OP)?;
-            let rows = stmt
-                .query_map([], |r| {
-                    Ok(Count {
-                        tenant: r.get(0)?,
-                        handler: r.get(1)?,
-                        state: state_at(r, 2)?,
-                        count: r.get::<_, i64>(3)?.max(0) as u64,
-                    })
+            let mut pairs: Vec<(String, String)> = Vec::new();
+            let mut at = (query.tenant.clone().unwrap_or_default(), String::new());
+            while let Some(pair) = next
+                .query_row(params![at.0, at.1], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
                 })
+                .optional()
+                .ctx(OP)?
+            {
+                if query.tenant.as_ref().is_some_and(|t| *t != pair.0) {
+                    break;
+                }
+                if query.handler.as_ref().is_none_or(|h| *h == pair.1) {
+                    pairs.push(pair.clone());
+                }
+                at = pair;
+            }
+            // Totals per state from the covering index (no table rows).
+            let mut totals = conn
+                .prepare_cached(
+                    "SELECT state, count(*) FROM events WHERE tenant = ?1 AND handler = ?2 \
+                     GROUP BY state",
+                )
                 .ctx(OP)?;
-            rows.collect::<rusqlite::Result<_>>().ctx(OP)
+            let mut held = conn
+                .prepare_cached(
+                    "SELECT EXISTS (SELECT 1 FROM rules WHERE tenant = ?1 AND handler = ?2)",
+                )
+                .ctx(OP)?;
+            let mut sample = conn
+                .prepare_cached(
+                    "SELECT count(*), \
+                       coalesce(sum(lease_expires_at > ?3), 0), \
+                       coalesce(sum((lease_expires_at IS NULL OR lease_expires_at <= ?3) \
+                                    AND run_at > ?3), 0) \
+                     FROM (SELECT run_at, lease_expires_at FROM events \
+                           WHERE tenant = ?1 AND handler = ?2 AND state = 0 LIMIT ?4)",
+                )
+                .ctx(OP)?;
+            let cap = i64::try_from(query.exact_up_to).unwrap_or(i64::MAX);
+            let mut out = Vec::with_capacity(pairs.len());
+            for (tenant, handler) in pairs {
+                let mut by_state = [0u64; 3];
+                let rows = totals
+                    .query_map(params![tenant, handler], |r| {
+                        Ok((state_at(r, 0)?, r.get::<_, i64>(1)?.max(0) as u64))
+                    })
+                    .ctx(OP)?;
+                for row in rows {
+                    let (state, n) = row.ctx(OP)?;
+                    by_state[match state {
+                        EventState::Pending => 0,
+                        EventState::Dead => 1,
+                        EventState::Done => 2,
+                    }] = n;
+                }
+                let is_held: bool = held
+                    .query_row(params![tenant, handler], |r| r.get(0))
+                    .ctx(OP)?;
+                let seen = if is_held || by_state[0] == 0 {
+                    PendingSample::default()
+                } else {
+                    sample
+                        .query_row(params![tenant, handler, now.0, cap], |r| {
+                            Ok(PendingSample {
+                                read: r.get::<_, i64>(0)?.max(0) as u64,
+                                running: r.get::<_, i64>(1)?.max(0) as u64,
+                                delayed: r.get::<_, i64>(2)?.max(0) as u64,
+                            })
+                        })
+                        .ctx(OP)?
+                };
+                out.push(HandlerCounts::from_parts(
+                    tenant, handler, by_state, is_held, seen,
+                ));
+            }
+            Ok(out)
         })
         .await
     }

@@ -329,9 +329,9 @@ async fn two_connections_write_concurrently_without_errors() {
     for t in tasks {
         t.await.unwrap();
     }
-    let counts = f.store.counts().await.unwrap();
+    let counts = f.store.counts(&herald::CountsQuery::all()).await.unwrap();
     assert_eq!(counts.len(), 1);
-    assert_eq!(counts[0].count, 2 * 50 * 20);
+    assert_eq!(counts[0].total(), 2 * 50 * 20);
 }
 
 #[tokio::test]
@@ -353,7 +353,12 @@ async fn a_write_lock_held_past_the_busy_timeout_is_a_backend_error() {
     );
     locker.execute_batch("ROLLBACK").unwrap();
     // Nothing was written, and the store goes on.
-    assert!(f.store.counts().await.unwrap().is_empty());
+    assert!(f
+        .store
+        .counts(&herald::CountsQuery::all())
+        .await
+        .unwrap()
+        .is_empty());
     emit_one(&f.store, new_event("t", "h")).await;
 }
 

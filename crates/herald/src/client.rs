@@ -8,10 +8,12 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 
 use crate::handler::Job;
-use crate::model::{Emitted, Event, EventId, Millis, NewEvent, Rule, RuleKind, RuleMatch};
+use crate::model::{
+    Emitted, Event, EventId, EventState, Millis, NewEvent, Rule, RuleKind, RuleMatch,
+};
 use crate::queue::{Publish, Queue};
 use crate::retry::DEFAULT_MAX_ATTEMPTS;
-use crate::store::{Count, EventFilter, Scheduled, Store, StoreError};
+use crate::store::{Count, CountsQuery, EventFilter, HandlerCounts, Scheduled, Store, StoreError};
 
 /// The default payload size limit: 1 MiB.
 pub const DEFAULT_MAX_PAYLOAD: usize = 1 << 20;
@@ -63,7 +65,10 @@ pub enum ClientError {
 pub struct EmitOptions {
     /// Run no earlier than this long from now.
     pub delay: Option<Duration>,
-    /// Attempts before the event goes dead (default: the job's, or 10).
+    /// Attempts before the event goes dead. Left out: the job's
+    /// [`Job::MAX_ATTEMPTS`] on every typed path ([`Client::emit`],
+    /// [`Client::emit_many`], [`EmitRequest::job`]), and
+    /// [`DEFAULT_MAX_ATTEMPTS`] (10) for raw JSON.
     pub max_attempts: Option<u32>,
     /// One live event per `(tenant, handler, key)`: a second emit returns the first's id.
     pub idempotency_key: Option<String>,
@@ -89,7 +94,8 @@ impl EmitOptions {
     }
 }
 
-/// One event to emit as raw JSON, for [`Client::emit_batch`].
+/// One event to emit, for [`Client::emit_batch`]: raw JSON for any handler
+/// name, or a typed job with [`EmitRequest::job`].
 #[derive(Clone, Debug)]
 pub struct EmitRequest {
     /// Owner namespace.
@@ -98,8 +104,33 @@ pub struct EmitRequest {
     pub handler: String,
     /// JSON text.
     pub payload: String,
-    /// Options.
+    /// Options; with `max_attempts` left out, raw JSON gets
+    /// [`DEFAULT_MAX_ATTEMPTS`].
     pub options: EmitOptions,
+}
+
+impl EmitRequest {
+    /// A typed job for `tenant`, under [`Job::NAME`], with
+    /// [`Job::MAX_ATTEMPTS`]: what [`Client::emit`] stores.
+    pub fn job<J: Job>(tenant: impl Into<String>, job: &J) -> Result<Self, ClientError> {
+        Self::job_with(tenant, job, EmitOptions::default())
+    }
+
+    /// [`EmitRequest::job`] with options; `max_attempts` left out is
+    /// [`Job::MAX_ATTEMPTS`].
+    pub fn job_with<J: Job>(
+        tenant: impl Into<String>,
+        job: &J,
+        mut options: EmitOptions,
+    ) -> Result<Self, ClientError> {
+        options.max_attempts = options.max_attempts.or(Some(J::MAX_ATTEMPTS));
+        Ok(EmitRequest {
+            tenant: tenant.into(),
+            handler: J::NAME.to_string(),
+            payload: to_json(job)?,
+            options,
+        })
+    }
 }
 
 /// What unpause or unblock did.
@@ -162,11 +193,50 @@ impl Client {
         &self,
         tenant: &str,
         job: &J,
-        mut options: EmitOptions,
+        options: EmitOptions,
     ) -> Result<Emitted, ClientError> {
-        options.max_attempts = options.max_attempts.or(Some(J::MAX_ATTEMPTS));
-        let payload = to_json(job)?;
-        self.emit_json(tenant, J::NAME, &payload, options).await
+        let request = EmitRequest::job_with(tenant, job, options)?;
+        let mut out = self.emit_batch(vec![request]).await?;
+        Ok(out.pop().expect("one result per request"))
+    }
+
+    /// Emits typed jobs for `tenant` in one store call and one publish,
+    /// each with [`Job::MAX_ATTEMPTS`], as [`Client::emit`] would. Returns
+    /// their ids in order. One bad job refuses the whole batch.
+    pub async fn emit_many<J: Job>(
+        &self,
+        tenant: &str,
+        jobs: &[J],
+    ) -> Result<Vec<EventId>, ClientError> {
+        let out = self
+            .emit_many_with(tenant, jobs, EmitOptions::default())
+            .await?;
+        Ok(out.into_iter().map(Emitted::id).collect())
+    }
+
+    /// [`Client::emit_many`] with the same options for every job. An
+    /// idempotency key applies to each, so that the first job stands for
+    /// the rest: give keys per job with [`EmitRequest::job_with`] and
+    /// [`Client::emit_batch`] instead.
+    pub async fn emit_many_with<J: Job>(
+        &self,
+        tenant: &str,
+        jobs: &[J],
+        options: EmitOptions,
+    ) -> Result<Vec<Emitted>, ClientError> {
+        let batch = jobs
+            .iter()
+            .enumerate()
+            .map(|(index, job)| {
+                EmitRequest::job_with(tenant, job, options.clone()).map_err(|e| {
+                    ClientError::InBatch {
+                        index,
+                        error: Box::new(e),
+                    }
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        self.emit_batch(batch).await
     }
 
     /// Emits raw JSON for any handler name. The handler need not be
@@ -189,7 +259,9 @@ impl Client {
     }
 
     /// Emits many events in one store call and one publish. Every request is
-    /// validated first: one bad request refuses the whole batch, naming its index.
+    /// validated first: one bad request refuses the whole batch, naming its
+    /// index. Typed jobs: build requests with [`EmitRequest::job`] (which
+    /// carries the job's max attempts), or use [`Client::emit_many`].
     pub async fn emit_batch(&self, batch: Vec<EmitRequest>) -> Result<Vec<Emitted>, ClientError> {
         let events = self.prepare(batch)?;
         let emitted = self.store.emit(&events).await?;
@@ -381,9 +453,42 @@ impl Client {
         Ok(self.store.list(filter, limit).await?)
     }
 
-    /// Stored events counted by tenant, handler and state.
+    /// Stored events counted by tenant, handler and state, exactly (it
+    /// reads every pending event: on big tables prefer
+    /// [`Client::handler_counts`]). Kept for compatibility.
     pub async fn counts(&self) -> Result<Vec<Count>, ClientError> {
-        Ok(self.store.counts().await?)
+        let rows = self
+            .store
+            .counts(&CountsQuery::all().exact_up_to(u64::MAX))
+            .await?;
+        let mut out = Vec::new();
+        for r in rows {
+            for (state, count) in [
+                (EventState::Pending, r.pending()),
+                (EventState::Dead, r.dead),
+                (EventState::Done, r.done),
+            ] {
+                if count > 0 {
+                    out.push(Count {
+                        tenant: r.tenant.clone(),
+                        handler: r.handler.clone(),
+                        state,
+                        count,
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Counts per `(tenant, handler)`: waiting, running, delayed, held,
+    /// dead and done, cheap on millions of events (see [`Store::counts`];
+    /// a row says when its split is `estimated`).
+    pub async fn handler_counts(
+        &self,
+        query: &CountsQuery,
+    ) -> Result<Vec<HandlerCounts>, ClientError> {
+        Ok(self.store.counts(query).await?)
     }
 
     /// Every pause and block.

@@ -3,6 +3,8 @@
 //! See `docs/architecture.md` for how the pieces fit.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+// Every type a public signature makes a user name must be exported.
+#![warn(unnameable_types)]
 
 pub mod client;
 pub mod decision;
@@ -25,5 +27,11 @@ pub use model::{
 };
 pub use queue::{Delivery, DeliveryTag, Publish, Queue, QueueError};
 pub use retry::{RetryPolicy, DEFAULT_MAX_ATTEMPTS};
-pub use store::{Leadership, Store, StoreError};
-pub use worker::{ShutdownHandle, ShutdownReport, Worker, WorkerBuilder, WorkerConfig};
+pub use store::{
+    CountsQuery, EventFilter, HandlerCounts, Leadership, PendingSample, Store, StoreError,
+    StoreResult,
+};
+pub use worker::{
+    RunObserver, RunSettled, ShutdownHandle, ShutdownReport, StatsSnapshot, Worker, WorkerBuilder,
+    WorkerConfig, WorkerStats,
+};

@@ -64,6 +64,19 @@ pub enum StoreError {
     /// The store failed while serving a request; nothing was written.
     #[error("store failed: {0}")]
     Backend(String),
+    /// The store could not be reached (the connection was lost, the server
+    /// shut down or does not answer) and did not come back within the
+    /// store's retries. A write may or may not have happened: an emit may
+    /// have been stored, and emitting the same events (same ids) again is
+    /// safe. `herald serve` answers 503 `store_unavailable`.
+    #[error("store unavailable: {op}: {source}")]
+    Unavailable {
+        /// The store operation (`emit`, `claim`, …).
+        op: &'static str,
+        /// The last connection error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The store has been closed.
     #[error("the store is closed")]
     Closed,
@@ -189,6 +202,145 @@ pub struct Count {
     pub count: u64,
 }
 
+/// Which counts [`Store::counts`] returns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CountsQuery {
+    /// Only this tenant.
+    pub tenant: Option<String>,
+    /// Only this handler.
+    pub handler: Option<String>,
+    /// How many pending events of one `(tenant, handler)` are read to split
+    /// them into waiting, running and delayed; beyond it the split is
+    /// extrapolated from those read and the row says `estimated`.
+    /// Default [`CountsQuery::DEFAULT_EXACT_UP_TO`].
+    pub exact_up_to: u64,
+}
+
+impl CountsQuery {
+    /// The default of [`CountsQuery::exact_up_to`].
+    pub const DEFAULT_EXACT_UP_TO: u64 = 10_000;
+
+    /// Every tenant and handler.
+    pub fn all() -> Self {
+        CountsQuery {
+            tenant: None,
+            handler: None,
+            exact_up_to: Self::DEFAULT_EXACT_UP_TO,
+        }
+    }
+
+    /// Only `tenant`.
+    pub fn tenant(mut self, tenant: impl Into<String>) -> Self {
+        self.tenant = Some(tenant.into());
+        self
+    }
+
+    /// Only `handler`.
+    pub fn handler(mut self, handler: impl Into<String>) -> Self {
+        self.handler = Some(handler.into());
+        self
+    }
+
+    /// Reads up to `n` pending events per handler to split them exactly.
+    pub fn exact_up_to(mut self, n: u64) -> Self {
+        self.exact_up_to = n;
+        self
+    }
+}
+
+impl Default for CountsQuery {
+    fn default() -> Self {
+        Self::all()
+    }
+}
+
+/// The events of one `(tenant, handler)` by what they are doing now. The
+/// six numbers add up to the events stored.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct HandlerCounts {
+    /// Tenant.
+    pub tenant: String,
+    /// Handler.
+    pub handler: String,
+    /// Pending, due, not leased (or the lease expired): runnable now.
+    pub waiting: u64,
+    /// Pending under a live lease: a worker runs it.
+    pub running: u64,
+    /// Pending, not leased, due later (`run_at` in the future: a delay or a
+    /// retry's backoff).
+    pub delayed: u64,
+    /// Pending while a pause or a block holds the handler (whatever their
+    /// `run_at`).
+    pub held: u64,
+    /// Dead.
+    pub dead: u64,
+    /// Done (kept by `done_retention`).
+    pub done: u64,
+    /// Whether waiting, running and delayed are extrapolated (more pending
+    /// events than [`CountsQuery::exact_up_to`]); their sum, `held`, `dead`
+    /// and `done` are exact.
+    pub estimated: bool,
+}
+
+/// What a store read of one `(tenant, handler)`'s pending events: up to
+/// [`CountsQuery::exact_up_to`] of them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PendingSample {
+    /// Events read.
+    pub read: u64,
+    /// Of those, under a live lease.
+    pub running: u64,
+    /// Of those, not leased and due later.
+    pub delayed: u64,
+}
+
+impl HandlerCounts {
+    /// Builds a row from exact totals per state, whether a rule holds the
+    /// handler, and the sample of its pending events (ignored when held).
+    /// Beyond the sample, running and delayed are scaled to the pending
+    /// total, and the row is `estimated`.
+    pub fn from_parts(
+        tenant: String,
+        handler: String,
+        [pending, dead, done]: [u64; 3],
+        held: bool,
+        sample: PendingSample,
+    ) -> Self {
+        let mut row = HandlerCounts {
+            tenant,
+            handler,
+            dead,
+            done,
+            ..HandlerCounts::default()
+        };
+        if held {
+            row.held = pending;
+            return row;
+        }
+        let (running, delayed) = if sample.read >= pending {
+            (sample.running, sample.delayed)
+        } else {
+            row.estimated = true;
+            let scale = |n: u64| (n as f64 * pending as f64 / sample.read.max(1) as f64).round();
+            (scale(sample.running) as u64, scale(sample.delayed) as u64)
+        };
+        row.running = running.min(pending);
+        row.delayed = delayed.min(pending - row.running);
+        row.waiting = pending - row.running - row.delayed;
+        row
+    }
+
+    /// Events stored: the six numbers.
+    pub fn total(&self) -> u64 {
+        self.waiting + self.running + self.delayed + self.held + self.dead + self.done
+    }
+
+    /// Pending events: waiting, running, delayed and held.
+    pub fn pending(&self) -> u64 {
+        self.waiting + self.running + self.delayed + self.held
+    }
+}
+
 /// Where events are stored: the only source of truth.
 ///
 /// Implementations must make every write that ends a run ([`Store::settle`])
@@ -297,8 +449,12 @@ pub trait Store: Send + Sync + 'static {
     /// Events in id order, matching `filter`, at most `limit`.
     async fn list(&self, filter: &EventFilter, limit: usize) -> StoreResult<Vec<Event>>;
 
-    /// Counts by tenant, handler and state.
-    async fn counts(&self) -> StoreResult<Vec<Count>>;
+    /// Counts per `(tenant, handler)` with stored events, in tenant and
+    /// handler order, without reading the whole table: the pairs by a
+    /// skip scan of the `(tenant, handler, state, id)` index, the totals per
+    /// state from that index, and at most `exact_up_to` pending events per
+    /// pair to split them (see [`HandlerCounts::estimated`]).
+    async fn counts(&self, query: &CountsQuery) -> StoreResult<Vec<HandlerCounts>>;
 
     /// Moves a dead event back to pending with its attempts reset, due now.
     /// Returns the notification to publish, or `None` if it was not dead.

@@ -8,6 +8,9 @@ use super::{cell, print, table, text, unexpected, Api, Failure, Remote};
 /// Show event counts and recent throughput.
 #[derive(clap::Args, Debug)]
 pub struct StatsArgs {
+    /// Only this tenant's counts (a tenant token sees its own anyway).
+    #[arg(long)]
+    pub tenant: Option<String>,
     /// The server, the token, and `--json`.
     #[command(flatten)]
     pub remote: Remote,
@@ -38,20 +41,25 @@ fn recent_row(name: &str, r: &Value) -> Vec<String> {
     ]
 }
 
-/// Prints the counts per tenant, handler and state (with what holds each
+/// Prints the counts per tenant and handler (waiting, running, delayed,
+/// held, dead, done; `~` marks an estimated split, with what holds each
 /// pair), and for the operator, the last minute's activity and the
 /// handlers this server runs.
 pub async fn run(args: StatsArgs) -> Result<(), Failure> {
     let api = Api::new(&args.remote)?;
-    let reply = api.call(Method::GET, &["v1", "stats"], &[], None).await?;
+    let query: Vec<(&str, String)> = args.tenant.iter().map(|t| ("tenant", t.clone())).collect();
+    let reply = api
+        .call(Method::GET, &["v1", "stats"], &query, None)
+        .await?;
     if args.remote.json {
         print(&reply.text);
         return Ok(());
     }
     let v = &reply.value;
-    let counts = v["counts"]
+    let counts = v["by_handler"]
         .as_array()
-        .ok_or_else(|| unexpected("counts", &reply))?;
+        .ok_or_else(|| unexpected("by_handler", &reply))?;
+    let mut estimated = false;
     let rows: Vec<Vec<String>> = counts
         .iter()
         .map(|c| {
@@ -62,11 +70,24 @@ pub async fn run(args: StatsArgs) -> Result<(), Failure> {
             if c["blocked"] == Value::Bool(true) {
                 held.push("blocked");
             }
+            // An estimated split: waiting, running and delayed are
+            // extrapolated (their sum is exact).
+            let about = if c["estimated"] == Value::Bool(true) {
+                estimated = true;
+                "~"
+            } else {
+                ""
+            };
+            let split = |k: &str| format!("{about}{}", text(&c[k]));
             vec![
                 cell(&text(&c["tenant"]), 30),
                 cell(&text(&c["handler"]), 30),
-                text(&c["state"]),
-                text(&c["count"]),
+                split("waiting"),
+                split("running"),
+                split("delayed"),
+                text(&c["held"]),
+                text(&c["dead"]),
+                text(&c["done"]),
                 held.join(","),
             ]
         })
@@ -74,8 +95,17 @@ pub async fn run(args: StatsArgs) -> Result<(), Failure> {
     let mut out = if rows.is_empty() {
         "no events stored\n".to_string()
     } else {
-        table(&["TENANT", "HANDLER", "STATE", "COUNT", "HELD"], &rows)
+        table(
+            &[
+                "TENANT", "HANDLER", "WAITING", "RUNNING", "DELAYED", "HELD", "DEAD", "DONE",
+                "RULE",
+            ],
+            &rows,
+        )
     };
+    if estimated {
+        out.push_str("~ estimated from a sample of the pending events (their sum is exact)\n");
+    }
     let recent = &v["recent"];
     if recent.is_object() {
         let mut rows = vec![recent_row("(all)", recent)];

@@ -600,16 +600,50 @@ struct CountView {
     blocked: bool,
 }
 
+/// One `(tenant, handler)`: what its events are doing now.
+#[derive(Serialize)]
+struct HandlerCountView {
+    #[serde(flatten)]
+    counts: herald::HandlerCounts,
+    paused: bool,
+    blocked: bool,
+}
+
 #[derive(Serialize)]
 struct StatsView {
+    /// Per (tenant, handler, state), as before `by_handler`: kept for
+    /// compatibility (derived from it; exact).
     counts: Vec<CountView>,
+    /// Per (tenant, handler): waiting, running, delayed, held, dead, done.
+    by_handler: Vec<HandlerCountView>,
     /// Server-wide activity: the operator's only.
     recent: Option<RecentStats>,
     /// The handlers this server runs: the operator's only.
     handlers: Option<Vec<String>>,
 }
 
-async fn stats(State(s): Shared, caller: Caller) -> Result<Json<StatsView>, ApiError> {
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StatsParams {
+    tenant: Option<String>,
+}
+
+async fn stats(
+    State(s): Shared,
+    caller: Caller,
+    QueryParams(q): QueryParams<StatsParams>,
+) -> Result<Json<StatsView>, ApiError> {
+    let tenant = match (caller.tenant(), q.tenant) {
+        (Some(_), Some(asked)) => {
+            caller.may_act_for(&asked)?;
+            Some(asked)
+        }
+        (Some(own), None) => Some(own.to_string()),
+        (None, asked) => asked,
+    };
+    if let Some(t) = &tenant {
+        herald::client::check_name("tenant", t)?;
+    }
     let mut held: HashMap<(String, String), RuleMatch> = HashMap::new();
     for r in s.client.rules().await? {
         let m = held.entry((r.tenant, r.handler)).or_default();
@@ -618,31 +652,44 @@ async fn stats(State(s): Shared, caller: Caller) -> Result<Json<StatsView>, ApiE
             herald::RuleKind::Block => m.blocked = true,
         }
     }
-    let own = caller.tenant();
-    let counts = s
-        .client
-        .counts()
-        .await?
-        .into_iter()
-        .filter(|c| own.is_none_or(|t| t == c.tenant))
-        .map(|c| {
-            let m = held
-                .get(&(c.tenant.clone(), c.handler.clone()))
-                .copied()
-                .unwrap_or_default();
-            CountView {
-                tenant: c.tenant,
-                handler: c.handler,
-                state: c.state,
-                count: c.count,
-                paused: m.paused,
-                blocked: m.blocked,
+    let query = herald::CountsQuery {
+        tenant,
+        ..herald::CountsQuery::all()
+    };
+    let rows = s.client.handler_counts(&query).await?;
+    let mut counts = Vec::new();
+    let mut by_handler = Vec::with_capacity(rows.len());
+    for c in rows {
+        let m = held
+            .get(&(c.tenant.clone(), c.handler.clone()))
+            .copied()
+            .unwrap_or_default();
+        for (state, count) in [
+            (EventState::Pending, c.pending()),
+            (EventState::Dead, c.dead),
+            (EventState::Done, c.done),
+        ] {
+            if count > 0 {
+                counts.push(CountView {
+                    tenant: c.tenant.clone(),
+                    handler: c.handler.clone(),
+                    state,
+                    count,
+                    paused: m.paused,
+                    blocked: m.blocked,
+                });
             }
-        })
-        .collect();
-    let operator = own.is_none();
+        }
+        by_handler.push(HandlerCountView {
+            counts: c,
+            paused: m.paused,
+            blocked: m.blocked,
+        });
+    }
+    let operator = caller.tenant().is_none();
     Ok(Json(StatsView {
         counts,
+        by_handler,
         recent: operator.then(|| s.tracker.snapshot()),
         handlers: operator.then(|| s.handlers.clone()),
     }))

@@ -1221,6 +1221,19 @@ async fn stats_and_metrics_show_what_ran() {
     assert_eq!(counts[0]["state"], "pending");
     assert_eq!(counts[0]["paused"], true);
     assert_eq!(counts[0]["blocked"], false);
+    let by_handler = stats["by_handler"].as_array().unwrap();
+    assert_eq!(by_handler.len(), 1, "{stats}");
+    let row = &by_handler[0];
+    assert_eq!(row["handler"], "stats_paused");
+    assert_eq!(
+        row["held"], 1,
+        "a paused handler's events are held: {stats}"
+    );
+    for n in ["waiting", "running", "delayed", "dead", "done"] {
+        assert_eq!(row[n], 0, "{n}: {stats}");
+    }
+    assert_eq!(row["estimated"], false);
+    assert_eq!(row["paused"], true);
 
     let (status, headers, _, text) = h.raw(Method::GET, "/metrics", None, None, vec![]).await;
     assert_eq!(status, StatusCode::OK);

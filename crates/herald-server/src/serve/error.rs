@@ -119,6 +119,14 @@ impl From<herald::StoreError> for ApiError {
                 "shutting_down",
                 "the server is shutting down; send the request to another instance or try again shortly",
             ),
+            S::Unavailable { .. } => {
+                tracing::warn!(error = %e, "store unavailable while serving a request");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "store_unavailable",
+                    format!("{e}; the database did not answer within the store's retries, try again (an emit may be repeated as is)"),
+                )
+            }
             other => {
                 tracing::warn!(error = %other, "store error while serving a request");
                 ApiError::new(
@@ -234,5 +242,21 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for PathPar
                     format!("{}; percent-encode names in paths as UTF-8", e.body_text()),
                 )
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unavailable_store_is_a_503() {
+        let e = ApiError::from(herald::StoreError::Unavailable {
+            op: "emit",
+            source: "connection reset".into(),
+        });
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(e.code, "store_unavailable");
+        assert!(e.message.contains("connection reset"), "{}", e.message);
     }
 }

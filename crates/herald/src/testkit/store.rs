@@ -25,7 +25,8 @@ use crate::model::{
     Emitted, Event, EventId, EventState, LeaseToken, Millis, NewEvent, Rule, RuleKind, RuleMatch,
 };
 use crate::store::{
-    EventFilter, Finish, Leadership, LeaseRef, Scheduled, Settle, Store, StoreError,
+    CountsQuery, EventFilter, Finish, HandlerCounts, Leadership, LeaseRef, Scheduled, Settle,
+    Store, StoreError,
 };
 
 /// A lease that outlives any scenario.
@@ -1729,11 +1730,164 @@ pub async fn list_filters_and_pages_by_id(store: Arc<dyn Store>) {
     assert!(list(nobody, 100).await.is_empty());
 }
 
+fn counts_row(tenant: &str, handler: &str, six: [u64; 6]) -> HandlerCounts {
+    let [waiting, running, delayed, held, dead, done] = six;
+    HandlerCounts {
+        tenant: tenant.into(),
+        handler: handler.into(),
+        waiting,
+        running,
+        delayed,
+        held,
+        dead,
+        done,
+        estimated: false,
+    }
+}
+
+/// Counts per `(tenant, handler)` tell each state apart: waiting (due, no
+/// lease, and a lapsed lease), running (a live lease), delayed (`run_at`
+/// ahead), held (paused or blocked, whatever their `run_at`), dead and
+/// done; ordered by tenant and handler; filtered by tenant and handler;
+/// nothing for an empty store.
+pub async fn counts_tell_waiting_running_delayed_held_dead_and_done_apart(store: Arc<dyn Store>) {
+    let store = store.as_ref();
+    assert!(store
+        .counts(&CountsQuery::all())
+        .await
+        .expect("counts")
+        .is_empty());
+    // (a, h): 2 waiting, 1 waiting after its lease lapsed, 2 running,
+    // 1 delayed, 1 dead, 1 done.
+    let w = emit_all(store, &[new_event("a", "h"), new_event("a", "h")]).await;
+    let lapsed = emit_one(store, new_event("a", "h")).await;
+    let running = emit_all(store, &[new_event("a", "h"), new_event("a", "h")]).await;
+    emit_one(
+        store,
+        NewEvent {
+            run_at: from_now(Duration::from_secs(3600)),
+            ..new_event("a", "h")
+        },
+    )
+    .await;
+    let d = emit_one(store, new_event("a", "h")).await;
+    let k = emit_one(store, new_event("a", "h")).await;
+    assert!(claim_one(store, lapsed, Duration::from_millis(1))
+        .await
+        .is_some());
+    for id in &running {
+        assert!(claim_one(store, *id, Duration::from_secs(60))
+            .await
+            .is_some());
+    }
+    bury(store, d).await;
+    assert!(settle_one(store, k, None, Finish::Archive).await);
+    // (a, p) paused: a due one and a delayed one are both held.
+    emit_one(store, new_event("a", "p")).await;
+    emit_one(
+        store,
+        NewEvent {
+            run_at: from_now(Duration::from_secs(3600)),
+            ..new_event("a", "p")
+        },
+    )
+    .await;
+    store.add_rule(&pause("a", "p")).await.expect("pause");
+    // (b, h) blocked with a dead one; (b, x) one waiting.
+    let bd = emit_one(store, new_event("b", "h")).await;
+    bury(store, bd).await;
+    emit_one(store, new_event("b", "h")).await;
+    store.add_rule(&block("b", "h")).await.expect("block");
+    emit_one(store, new_event("b", "x")).await;
+    let _ = w;
+    // Let the 1 ms lease lapse by the store's clock.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    let all = store.counts(&CountsQuery::all()).await.expect("counts");
+    assert_eq!(
+        all,
+        vec![
+            counts_row("a", "h", [3, 2, 1, 0, 1, 1]),
+            counts_row("a", "p", [0, 0, 0, 2, 0, 0]),
+            counts_row("b", "h", [0, 0, 0, 1, 1, 0]),
+            counts_row("b", "x", [1, 0, 0, 0, 0, 0]),
+        ]
+    );
+    assert_eq!(all.iter().map(HandlerCounts::total).sum::<u64>(), 13);
+    let b = store
+        .counts(&CountsQuery::all().tenant("b"))
+        .await
+        .expect("counts");
+    assert_eq!(b, all[2..].to_vec());
+    let h = store
+        .counts(&CountsQuery::all().handler("h"))
+        .await
+        .expect("counts");
+    assert_eq!(h, vec![all[0].clone(), all[2].clone()]);
+    let one = store
+        .counts(&CountsQuery::all().tenant("a").handler("p"))
+        .await
+        .expect("counts");
+    assert_eq!(one, vec![all[1].clone()]);
+    assert!(store
+        .counts(&CountsQuery::all().tenant("zz"))
+        .await
+        .expect("counts")
+        .is_empty());
+}
+
+/// Beyond `exact_up_to` pending events, a row's split is `estimated`, and
+/// still adds up to the exact pending total.
+pub async fn counts_beyond_the_cap_are_estimated_and_add_up(store: Arc<dyn Store>) {
+    let store = store.as_ref();
+    let events: Vec<NewEvent> = (0..30).map(|_| new_event("a", "h")).collect();
+    let ids = emit_all(store, &events).await;
+    for id in &ids[..3] {
+        assert!(claim_one(store, *id, Duration::from_secs(60))
+            .await
+            .is_some());
+    }
+    bury(store, ids[29]).await;
+    let exact = store
+        .counts(&CountsQuery::all().exact_up_to(30))
+        .await
+        .expect("counts");
+    assert_eq!(exact, vec![counts_row("a", "h", [26, 3, 0, 0, 1, 0])]);
+    let capped = store
+        .counts(&CountsQuery::all().exact_up_to(10))
+        .await
+        .expect("counts");
+    assert_eq!(capped.len(), 1);
+    let r = &capped[0];
+    assert!(r.estimated, "{r:?}");
+    assert_eq!(r.pending(), 29, "the pending total is exact: {r:?}");
+    assert_eq!((r.held, r.dead, r.done), (0, 1, 0));
+}
+
 /// Counts by tenant, handler and state, ordered by tenant, handler and
 /// state (pending, dead, done); nothing for an empty store.
 pub async fn counts_by_tenant_handler_and_state(store: Arc<dyn Store>) {
     let store = store.as_ref();
-    assert!(store.counts().await.expect("counts").is_empty());
+    let per_state = |rows: Vec<HandlerCounts>| -> Vec<(String, String, EventState, u64)> {
+        let mut out = Vec::new();
+        for r in rows {
+            for (s, n) in [
+                (EventState::Pending, r.pending()),
+                (EventState::Dead, r.dead),
+                (EventState::Done, r.done),
+            ] {
+                if n > 0 {
+                    out.push((r.tenant.clone(), r.handler.clone(), s, n));
+                }
+            }
+        }
+        out
+    };
+    assert!(store
+        .counts(&CountsQuery::all())
+        .await
+        .expect("counts")
+        .is_empty());
     for _ in 0..3 {
         emit_one(store, new_event("a", "x")).await;
     }
@@ -1742,13 +1896,7 @@ pub async fn counts_by_tenant_handler_and_state(store: Arc<dyn Store>) {
     emit_one(store, new_event("b", "y")).await;
     bury(store, d).await;
     assert!(settle_one(store, k, None, Finish::Archive).await);
-    let got: Vec<(String, String, EventState, u64)> = store
-        .counts()
-        .await
-        .expect("counts")
-        .into_iter()
-        .map(|c| (c.tenant, c.handler, c.state, c.count))
-        .collect();
+    let got = per_state(store.counts(&CountsQuery::all()).await.expect("counts"));
     assert_eq!(
         got,
         vec![

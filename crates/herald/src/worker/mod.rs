@@ -58,7 +58,7 @@ use crate::{Context, Job};
 
 use metrics::{Counter, Gauge, Histogram};
 
-pub use stats::WorkerStats;
+pub use stats::{StatsSnapshot, WorkerStats};
 
 use settle::Ended;
 
@@ -373,7 +373,7 @@ impl Worker {
     }
 
     /// Counters of what this worker did so far.
-    pub fn stats(&self) -> stats::Snapshot {
+    pub fn stats(&self) -> StatsSnapshot {
         self.shared.stats.snapshot()
     }
 

@@ -12,14 +12,14 @@ macro_rules! counters {
 
         /// A copy of [`WorkerStats`] at one moment.
         #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-        pub struct Snapshot {
+        pub struct StatsSnapshot {
             $($(#[$doc])* pub $name: u64,)*
         }
 
         impl WorkerStats {
             /// Reads every counter.
-            pub fn snapshot(&self) -> Snapshot {
-                Snapshot { $($name: self.$name.load(Ordering::Relaxed),)* }
+            pub fn snapshot(&self) -> StatsSnapshot {
+                StatsSnapshot { $($name: self.$name.load(Ordering::Relaxed),)* }
             }
         }
     };

@@ -207,14 +207,11 @@ function renderHandlers(stats, rules) {
   const key = (t, h) => JSON.stringify([t, h]);
   const get = (t, h) => {
     const k = key(t, h);
-    if (!rows.has(k)) rows.set(k, { tenant: t, handler: h, pending: 0, dead: 0, done: 0, paused: false, blocked: false });
+    if (!rows.has(k)) rows.set(k, { tenant: t, handler: h, waiting: 0, running: 0, delayed: 0, held: 0, dead: 0, done: 0, estimated: false, paused: false, blocked: false });
     return rows.get(k);
   };
-  for (const c of stats.counts) {
-    const r = get(c.tenant, c.handler);
-    r[c.state] = (r[c.state] || 0) + c.count;
-    r.paused = r.paused || c.paused;
-    r.blocked = r.blocked || c.blocked;
+  for (const c of stats.by_handler || []) {
+    Object.assign(get(c.tenant, c.handler), c);
   }
   // A rule on a (tenant, handler) without events still gets a row.
   for (const rule of rules) {
@@ -228,7 +225,7 @@ function renderHandlers(stats, rules) {
 
   const tbody = $("handlers-body");
   if (list.length === 0) {
-    tbody.replaceChildren(row([cell("no events and no rules yet", "empty", 7)]));
+    tbody.replaceChildren(row([cell("no events and no rules yet", "empty", 10)]));
     return;
   }
   tbody.replaceChildren(...list.map((r) => {
@@ -255,7 +252,11 @@ function renderHandlers(stats, rules) {
     const tr = row([
       cell(r.tenant, "mono"),
       cell(r.handler, "mono"),
-      cell(r.pending, "num"),
+      // "~": waiting, running and delayed are extrapolated (their sum is exact).
+      cell((r.estimated ? "~" : "") + r.waiting, "num"),
+      cell((r.estimated ? "~" : "") + r.running, "num"),
+      cell((r.estimated ? "~" : "") + r.delayed, "num"),
+      cell(r.held, "num"),
       cell(r.dead, r.dead > 0 ? "num hot" : "num"),
       cell(r.done, "num"),
       cell(state),

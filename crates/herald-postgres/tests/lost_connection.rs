@@ -1,0 +1,166 @@
+//! An emit whose connection is cut mid-batch: the store tries again (the
+//! ids are the client's, so a retry inserts what is missing and finds what
+//! exists), and fails with `StoreError::Unavailable` only when the database
+//! stays away.
+//!
+//! The cut is not timed: a trigger on the test schema's `events` makes the
+//! inserting backend terminate itself (`pg_terminate_backend(pg_backend_pid())`)
+//! when it reaches the batch's marked row, as long as a sequence (which a
+//! rollback does not undo) says there are cuts left.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use herald::{Emitted, EventId, EventState, Millis, NewEvent, Store, StoreError};
+use herald_postgres::testing::{self, TestSchema};
+use herald_postgres::PgStore;
+use sqlx::postgres::PgPoolOptions;
+
+/// Events per batch; the marked one is in the middle.
+const BATCH: usize = 400;
+
+fn batch(key_every: Option<usize>) -> Vec<NewEvent> {
+    let now = Millis::now();
+    (0..BATCH)
+        .map(|i| NewEvent {
+            id: EventId::new(),
+            tenant: "acme".into(),
+            handler: "cut".into(),
+            payload: if i == BATCH / 2 {
+                "\"cut here\"".into()
+            } else {
+                format!("{{\"n\":{i}}}")
+            },
+            run_at: now,
+            max_attempts: 3,
+            idempotency_key: key_every.filter(|k| i % k == 0).map(|_| format!("k{i}")),
+        })
+        .collect()
+}
+
+/// Makes the next `cuts` inserts of a marked row kill their own backend.
+async fn arm(store: &PgStore, schema: &TestSchema, cuts: i64) {
+    let s = format!("\"{}\"", schema.name());
+    sqlx::raw_sql(&format!(
+        "CREATE SEQUENCE {s}.cuts; \
+         CREATE FUNCTION {s}.cut() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN \
+           IF NEW.payload = '\"cut here\"' AND nextval('{s}.cuts') <= {cuts} THEN \
+             PERFORM pg_terminate_backend(pg_backend_pid()); \
+             PERFORM pg_sleep(60); \
+           END IF; \
+           RETURN NEW; \
+         END $$; \
+         CREATE TRIGGER cut BEFORE INSERT ON {s}.events \
+           FOR EACH ROW EXECUTE FUNCTION {s}.cut();"
+    ))
+    .execute(store.pool())
+    .await
+    .expect("arm the cut");
+}
+
+/// How many times the trigger fired.
+async fn fired(store: &PgStore, schema: &TestSchema) -> i64 {
+    sqlx::query_scalar(&format!(
+        "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM \"{}\".cuts",
+        schema.name()
+    ))
+    .fetch_one(store.pool())
+    .await
+    .expect("read the sequence")
+}
+
+/// Every event of the batch is stored exactly once, as emitted.
+async fn assert_stored_once(store: &PgStore, events: &[NewEvent], emitted: &[Emitted]) {
+    assert_eq!(emitted.len(), events.len());
+    for (e, out) in events.iter().zip(emitted) {
+        assert_eq!(
+            *out,
+            Emitted::Created(e.id),
+            "a retried emit reports its own events as created"
+        );
+        let got = store.get(e.id).await.unwrap().expect("stored");
+        assert_eq!(got.payload, e.payload);
+        assert_eq!(got.state, EventState::Pending);
+    }
+    let n: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM \"{}\".events",
+        store.schema()
+    ))
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(n as usize, events.len(), "no event stored twice");
+    let ids: HashSet<EventId> = emitted.iter().map(|e| e.id()).collect();
+    assert_eq!(ids.len(), events.len());
+}
+
+#[tokio::test]
+async fn an_emit_cut_mid_batch_is_retried_and_stores_each_event_once() {
+    let Some((store, schema)) = testing::fresh_schema(&testing::test_name()).await else {
+        return;
+    };
+    arm(&store, &schema, 2).await;
+    let events = batch(None);
+    let emitted = store
+        .emit(&events)
+        .await
+        .expect("the emit survives two cuts");
+    assert_eq!(
+        fired(&store, &schema).await,
+        3,
+        "cut twice, then let through"
+    );
+    assert_stored_once(&store, &events, &emitted).await;
+}
+
+#[tokio::test]
+async fn a_keyed_emit_cut_mid_batch_is_retried_and_stores_each_event_once() {
+    let Some((store, schema)) = testing::fresh_schema(&testing::test_name()).await else {
+        return;
+    };
+    arm(&store, &schema, 1).await;
+    // Keyed events go through a transaction (insert, then look-ups).
+    let events = batch(Some(7));
+    let emitted = store.emit(&events).await.expect("the emit survives a cut");
+    assert_eq!(fired(&store, &schema).await, 2);
+    assert_stored_once(&store, &events, &emitted).await;
+}
+
+#[tokio::test]
+async fn an_emit_cut_every_time_fails_as_unavailable_and_stores_nothing() {
+    let Some((store, schema)) = testing::fresh_schema(&testing::test_name()).await else {
+        return;
+    };
+    arm(&store, &schema, i64::MAX).await;
+    let events = batch(None);
+    match store.emit(&events).await {
+        Err(StoreError::Unavailable { source, .. }) => {
+            assert!(
+                source.to_string().contains("terminat") || source.to_string().contains("closed"),
+                "the source is kept: {source}"
+            );
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert_eq!(fired(&store, &schema).await, 6, "six tries");
+    for e in &events {
+        assert!(store.get(e.id).await.unwrap().is_none());
+    }
+}
+
+#[tokio::test]
+async fn an_emit_to_a_closed_port_fails_as_unavailable() {
+    // Borrow the test schema's name rules; nothing listens on port 1.
+    let options = testing::connect_options().port(1);
+    let pool = PgPoolOptions::new()
+        .acquire_timeout(Duration::from_millis(100))
+        .connect_lazy_with(options);
+    let store = PgStore::from_pool_unchecked(pool, "herald").unwrap();
+    match store.emit(&batch(None)).await {
+        Err(e @ StoreError::Unavailable { .. }) => {
+            assert!(e.to_string().contains("unavailable"), "{e}");
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+}
