@@ -263,7 +263,11 @@ fn keep(first: Watchdog, inbox: Receiver<Message>, feedback: Sender<Message>) {
     let mut generation = 0;
     loop {
         let message = if current.is_some() {
-            inbox.recv().ok()
+            match inbox.recv() {
+                Ok(m) => Some(m),
+                // Cannot happen while this thread holds `feedback`.
+                Err(_) => return,
+            }
         } else {
             match inbox.recv_timeout(RESPAWN_PAUSE) {
                 Ok(m) => Some(m),
