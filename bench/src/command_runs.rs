@@ -72,7 +72,7 @@ fn serve(herald: &PathBuf, dir: &std::path::Path, concurrency: usize) -> Server 
     let mut child = Command::new(herald)
         .args(["serve", "--config"])
         .arg(&config)
-        .env("HERALD_LOG", "warn")
+        .env("HERALD_LOG", "error")
         .stdout(Stdio::piped())
         .spawn()
         .expect("start herald serve");
