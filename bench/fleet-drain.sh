@@ -16,7 +16,10 @@ WORKERS=${WORKERS:-"1 2 3"}
 EXTRA=${EXTRA:-}
 STORE=${STORE:-${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}}
 NATS=${NATS:-${NATS_URL:-nats://127.0.0.1:4222}}
-PG_CPU=${PG_CPU:-/work/shared/tools/pg-cpu}
+# pg-cpu lives beside the repository, in ../shared/tools (the script's own
+# "$(dirname "$0")/../../shared/tools/pg-cpu"; this line runs from the
+# repository's root); PG_CPU=PATH overrides.
+PG_CPU=${PG_CPU:-$PWD/../shared/tools/pg-cpu}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 # HERALD=PATH: a herald binary of your own (the shared target directory's
 # may be rebuilt by someone else from other sources while this runs).

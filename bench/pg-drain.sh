@@ -14,8 +14,12 @@ RUNS=${RUNS:-3}
 EVENTS=${EVENTS:-200000}
 CASES=${CASES:-"plain paused hold-tx"}
 EXTRA=${EXTRA:-}
-PG_CPU=${PG_CPU:-/work/shared/tools/pg-cpu}
+# pg-cpu lives beside the repository, in ../shared/tools (the script's own
+# "$(dirname "$0")/../../shared/tools/pg-cpu"; this line runs from the
+# repository's root); PG_CPU=PATH overrides.
+PG_CPU=${PG_CPU:-$PWD/../shared/tools/pg-cpu}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
+[ -x "$PG_CPU" ] || { echo "no pg-cpu at $PG_CPU: set PG_CPU=PATH" >&2; exit 2; }
 cargo build --release -q -p herald-bench --bin drain
 DRAIN=$CARGO_TARGET_DIR/release/drain
 for case in $CASES; do

@@ -4,7 +4,7 @@
 //!
 //! `cargo build --release -p herald-server -p herald-bench`, then
 //!
-//! `$CARGO_TARGET_DIR/release/fleet-drain --workers 3 --events 200000 --pg-cpu /work/shared/tools/pg-cpu`
+//! `$CARGO_TARGET_DIR/release/fleet-drain --workers 3 --events 200000 --pg-cpu ../shared/tools/pg-cpu`
 //!
 //! (`bench/fleet-drain.sh` runs 1, 2 and 3 workers, three times each, and
 //! prints the medians.)

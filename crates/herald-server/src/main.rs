@@ -42,6 +42,11 @@ enum Command {
     Unblock(cli::rules::RuleArgs),
     /// Show event counts, what holds each handler, and recent throughput.
     Stats(cli::stats::StatsArgs),
+    /// The run watchdog that `herald serve` starts for itself (internal):
+    /// kills the process groups named on stdin (`+PGID` / `-PGID` lines)
+    /// when stdin closes.
+    #[command(name = "watch-runs", hide = true)]
+    WatchRuns,
 }
 
 fn main() -> std::process::ExitCode {
@@ -50,7 +55,7 @@ fn main() -> std::process::ExitCode {
     let default_level = match cli.command {
         Command::Demo(_) => "error",
         Command::Migrate(_) => "warn",
-        Command::Serve(_) => "info",
+        Command::Serve(_) | Command::WatchRuns => "info",
         _ => "warn",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("HERALD_LOG")
@@ -67,6 +72,10 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    if let Command::WatchRuns = cli.command {
+        // Single-threaded, before any runtime: it blocks signals for itself.
+        return handlers::watchdog::watch_runs();
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -89,6 +98,7 @@ fn main() -> std::process::ExitCode {
             Command::Block(args) => exit(rule(Kind::Block, true, args).await),
             Command::Unblock(args) => exit(rule(Kind::Block, false, args).await),
             Command::Stats(args) => exit(cli::stats::run(args).await),
+            Command::WatchRuns => unreachable!("run before the runtime"),
         }
     });
     match result {

@@ -87,6 +87,9 @@ pub enum ServeError {
         /// Why.
         reason: std::io::Error,
     },
+    /// The run watchdog could not be started.
+    #[error("cannot start the run watchdog (herald watch-runs): {0}")]
+    Watchdog(std::io::Error),
     /// Signal handlers could not be installed.
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
@@ -99,15 +102,17 @@ pub enum ServeError {
 pub type NamedHandlers = Vec<(String, Arc<dyn Handler>)>;
 
 /// The handlers of the `[handlers.NAME]` tables, built from each table as
-/// written. Every error names the table (`handlers.NAME`).
-///
-/// The handler kinds (webhook, command) live in the `handlers` module,
-/// which is not in this build yet: any configured handler is refused.
-pub fn build_handlers(config: &ServeConfig) -> Result<NamedHandlers, ConfigError> {
+/// written (the kinds, webhook and command, are in the `handlers` module).
+/// Every error names the table (`handlers.NAME`). Command runs are
+/// reported to `watch`.
+pub fn build_handlers(
+    config: &ServeConfig,
+    watch: &handlers::RunWatch,
+) -> Result<NamedHandlers, ConfigError> {
     let mut built = Vec::with_capacity(config.handlers.len());
     for (name, value) in &config.handlers {
         let handler = HandlerConfig::from_toml(name, value.clone())
-            .and_then(|h| h.build(name))
+            .and_then(|h| h.build(name, watch))
             .map_err(|e| match e {
                 handlers::ConfigError::Key { key, message } => {
                     ConfigError::invalid(config.origin(), key, message)
@@ -133,7 +138,15 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
         listen: args.listen,
     };
     let config = config::load(&overrides, &|k| std::env::var(k).ok())?;
-    let mut handlers: Vec<(String, Option<Arc<dyn Handler>>)> = build_handlers(&config)?
+    // Before any command runs: end what a dead server left running, then
+    // make sure that this one's runs end with it, however it ends.
+    let lock = handlers::leftovers::start(std::env::var("XDG_RUNTIME_DIR").ok().as_deref());
+    let server_id = lock.as_ref().map_or_else(
+        || format!("{:016x}", rand::random::<u64>()),
+        |l| l.id().to_string(),
+    );
+    let watch = handlers::RunWatch::start(server_id).map_err(ServeError::Watchdog)?;
+    let mut handlers: Vec<(String, Option<Arc<dyn Handler>>)> = build_handlers(&config, &watch)?
         .into_iter()
         .map(|(n, h)| (n, Some(h)))
         .collect();
@@ -279,6 +292,7 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
         cancelled = report.cancelled,
         "herald serve stopped"
     );
+    drop(lock);
     Ok(())
 }
 

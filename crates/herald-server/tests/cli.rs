@@ -396,6 +396,40 @@ fn every_command_against_a_real_server() {
     let v = cli.run(&["events", "retry", &dead, "--json"]).json();
     assert_eq!(v["state"], "pending");
     cli.wait_state(&dead, "dead");
+    // ---- show: the error history, one line per failed attempt ---------------
+    let errors = cli.show(&dead)["errors"].as_array().unwrap().clone();
+    assert_eq!(errors.len(), 3, "{errors:?}");
+    let shown = cli.run(&["events", "show", &dead]).ok().to_string();
+    let lines: Vec<&str> = shown
+        .lines()
+        .skip_while(|l| !l.starts_with("errors "))
+        .take(3)
+        .collect();
+    assert_eq!(lines.len(), 3, "{shown}");
+    for (n, (line, e)) in lines.iter().zip(&errors).enumerate() {
+        let error = e["error"].as_str().unwrap();
+        assert!(
+            error.ends_with("command exited with status 3: broken"),
+            "{error}"
+        );
+        let want = format!(
+            "attempt {} at {}: {error}",
+            e["attempt"],
+            e["at"].as_str().unwrap()
+        );
+        let want = if n == 0 {
+            format!("errors            {want}")
+        } else {
+            format!("                  {want}")
+        };
+        assert_eq!(*line, want, "{shown}");
+    }
+    assert!(
+        cli.run(&["events", "show", &piped])
+            .ok()
+            .contains("\nerrors            none\n"),
+        "an event that never failed"
+    );
     assert_eq!(
         cli.run(&["events", "rm", &dead]).ok().trim(),
         format!("{dead}: deleted")

@@ -10,7 +10,7 @@ use super::{cell, print, table, text, unexpected, Api, Failure, Remote};
 pub enum EventsCommand {
     /// List events in id order (oldest first), a page at a time.
     Ls(LsArgs),
-    /// Show one event, payload and last error included.
+    /// Show one event, payload, last error and error history included.
     Show(IdArgs),
     /// Make a dead event pending again, its attempts reset.
     Retry(IdArgs),
@@ -204,6 +204,7 @@ async fn show(args: IdArgs) -> Result<(), Failure> {
     lines.push(("created_at", text(&e["created_at"])));
     lines.push(("updated_at", text(&e["updated_at"])));
     lines.push(("last_error", text(&e["last_error"])));
+    lines.push(("errors", errors(&e["errors"])));
     lines.push(("payload", e["payload"].to_string()));
     let mut out = String::new();
     for (k, v) in lines {
@@ -213,6 +214,26 @@ async fn show(args: IdArgs) -> Result<(), Failure> {
     }
     print(&out);
     Ok(())
+}
+
+/// The error history of `GET /v1/events/{id}`, one failed attempt a line,
+/// oldest first: `attempt N at TIME: ERROR`.
+fn errors(history: &Value) -> String {
+    let Some(history) = history.as_array().filter(|h| !h.is_empty()) else {
+        return "none".into();
+    };
+    history
+        .iter()
+        .map(|h| {
+            format!(
+                "attempt {} at {}: {}",
+                text(&h["attempt"]),
+                text(&h["at"]),
+                text(&h["error"])
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 async fn retry(args: IdArgs) -> Result<(), Failure> {

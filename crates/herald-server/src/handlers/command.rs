@@ -11,6 +11,7 @@
 //! | `HERALD_ATTEMPT` | this attempt, from 1 |
 //! | `HERALD_MAX_ATTEMPTS` | the attempt limit |
 //! | `HERALD_LEASE_TOKEN` | this run's lease token (unique per run of the event) |
+//! | `HERALD_SERVER_ID` | the id of the server that runs it (see [`super::leftovers`]) |
 //!
 //! stdout is discarded; the last 2 KiB of stderr are kept for the event's
 //! error.
@@ -36,6 +37,10 @@
 //! its id cannot have been reused by then. A process that leaves the group
 //! (`setsid`, a daemon) is out of reach; such commands should not be run
 //! here.
+//!
+//! A run's group also ends when the server dies, however it dies: the
+//! server reports each group to its [run watchdog](super::watchdog), which
+//! kills the live ones when the server is gone.
 
 use std::future::Future;
 use std::os::unix::fs::PermissionsExt;
@@ -54,6 +59,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStderr};
 use tokio::signal::unix::{signal, SignalKind};
 
+use super::leftovers::SERVER_ID_VAR;
+use super::watchdog::RunWatch;
 use super::{show, ConfigError, EventMeta};
 use herald::{Context, Outcome};
 
@@ -119,6 +126,7 @@ pub struct CommandHandler {
     snooze_exit_code: i32,
     snooze_for: Duration,
     fail_exit_code: Option<i32>,
+    watch: RunWatch,
 }
 
 impl CommandHandler {
@@ -164,7 +172,15 @@ impl CommandHandler {
             snooze_exit_code: config.snooze_exit_code.into(),
             snooze_for: config.snooze_for,
             fail_exit_code: config.fail_exit_code.map(Into::into),
+            watch: RunWatch::none(),
         })
+    }
+
+    /// Reports each run's process group to `watch`, so that runs end with
+    /// the server; runs carry its server id as `HERALD_SERVER_ID`.
+    pub fn watched_by(mut self, watch: RunWatch) -> Self {
+        self.watch = watch;
+        self
     }
 
     /// Runs the command for one event.
@@ -205,13 +221,16 @@ impl CommandHandler {
             .env("HERALD_ATTEMPT", meta.attempt.to_string())
             .env("HERALD_MAX_ATTEMPTS", meta.max_attempts.to_string())
             .env("HERALD_LEASE_TOKEN", &meta.lease_token);
+        if let Some(id) = self.watch.server_id() {
+            command.env(SERVER_ID_VAR, id);
+        }
         let mut child = match command.spawn() {
             Ok(child) => child,
             Err(e) => return Outcome::retry(format!("cannot start command {}: {e}", self.program)),
         };
         let stdin = child.stdin.take();
         let mut stderr = child.stderr.take();
-        let Some(mut group) = ProcessGroup::new(child) else {
+        let Some(mut group) = ProcessGroup::new(child, self.watch.clone()) else {
             return Outcome::retry(format!("command {} vanished at start", self.program));
         };
         let pid = group.pgid;
@@ -315,27 +334,34 @@ enum End {
 
 /// The command's process group. Until the command is reaped, dropping this
 /// kills the whole group: a run that is dropped halfway leaves nothing
-/// behind.
+/// behind. The watchdog hears of the group when this is made and when the
+/// group is killed or no longer ours.
 struct ProcessGroup {
     // Dropped after `Drop::drop` has run, so the group is killed before
     // tokio may reap the command.
     child: Child,
     pgid: Pid,
     armed: bool,
+    watch: RunWatch,
+    /// Whether the watchdog still counts this group as live.
+    watched: bool,
 }
 
 impl ProcessGroup {
-    fn new(child: Child) -> Option<Self> {
+    fn new(child: Child, watch: RunWatch) -> Option<Self> {
         let pid = i32::try_from(child.id()?).ok()?;
+        watch.started(pid);
         Some(ProcessGroup {
             child,
             pgid: Pid::from_raw(pid),
             armed: true,
+            watch,
+            watched: true,
         })
     }
 
     /// `SIGKILL` to every process of the group.
-    fn kill(&self) {
+    fn kill(&mut self) {
         if !self.armed {
             return;
         }
@@ -344,6 +370,17 @@ impl ProcessGroup {
             Err(e) => {
                 tracing::warn!(pgid = %self.pgid, "cannot kill a command's process group: {e}")
             }
+        }
+        // Every member has a SIGKILL pending now (the kernel makes a fork
+        // racing the signal fail), so the group is as good as gone: the
+        // watchdog may forget it before the id is freed by the reap, and
+        // can never kill a reused id.
+        self.unwatch();
+    }
+
+    fn unwatch(&mut self) {
+        if std::mem::take(&mut self.watched) {
+            self.watch.ended(self.pgid.as_raw());
         }
     }
 
@@ -356,6 +393,7 @@ impl ProcessGroup {
 
     fn disarm(&mut self) {
         self.armed = false;
+        self.unwatch();
     }
 }
 

@@ -29,6 +29,8 @@
 //! The operator's guide is `docs/handlers.md`.
 
 pub mod command;
+pub mod leftovers;
+pub mod watchdog;
 pub mod webhook;
 
 #[cfg(test)]
@@ -40,6 +42,7 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer};
 
 pub use command::{CommandConfig, CommandHandler};
+pub use watchdog::RunWatch;
 pub use webhook::{WebhookConfig, WebhookHandler};
 
 /// One `[handlers.NAME]` section of `herald.toml`: which kind of handler runs
@@ -175,11 +178,18 @@ impl HandlerConfig {
     /// Checks the settings and makes the handler. Fails, naming the key, on
     /// a URL that does not parse, a secret variable that is not set, a
     /// program that does not exist, and the like: mistakes are caught when
-    /// the server starts, not event by event.
-    pub fn build(&self, name: &str) -> Result<Arc<dyn herald::Handler>, ConfigError> {
+    /// the server starts, not event by event. Command runs are reported
+    /// to `watch`.
+    pub fn build(
+        &self,
+        name: &str,
+        watch: &RunWatch,
+    ) -> Result<Arc<dyn herald::Handler>, ConfigError> {
         Ok(match self {
             HandlerConfig::Webhook(c) => Arc::new(WebhookHandler::new(name, c)?),
-            HandlerConfig::Command(c) => Arc::new(CommandHandler::new(name, c)?),
+            HandlerConfig::Command(c) => {
+                Arc::new(CommandHandler::new(name, c)?.watched_by(watch.clone()))
+            }
         })
     }
 }
@@ -435,7 +445,7 @@ mod tests {
         parse_handlers(doc)
             .unwrap()
             .iter()
-            .find_map(|(name, config)| config.build(name).err())
+            .find_map(|(name, config)| config.build(name, &RunWatch::none()).err())
             .expect("an error")
             .to_string()
     }
@@ -479,7 +489,7 @@ mod tests {
         let doc = "[handlers.w]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:9/\"\nsecret_env = \"PATH\"\n\
                    [handlers.c]\nkind = \"command\"\nprogram = \"sh\"\nargs = [\"-c\", \"exit 0\"]\n";
         for (name, config) in parse_handlers(doc).unwrap() {
-            config.build(&name).unwrap();
+            config.build(&name, &RunWatch::none()).unwrap();
         }
     }
 
@@ -508,7 +518,9 @@ mod tests {
             server.url
         );
         let handlers = parse_handlers(&doc).unwrap();
-        let handler = handlers["send_email"].build("send_email").unwrap();
+        let handler = handlers["send_email"]
+            .build("send_email", &RunWatch::none())
+            .unwrap();
 
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(SqliteStore::open(dir.path().join("herald.db")).unwrap());
@@ -590,7 +602,7 @@ mod tests {
              args = [\"-c\", 'printf \"%s %s\\n\" \"$HERALD_EVENT_ID\" \"$(cat)\" >> \"$1\"', \"sh\", {log:?}]\n"
         );
         let handler = parse_handlers(&doc).unwrap()["resize"]
-            .build("resize")
+            .build("resize", &RunWatch::none())
             .unwrap();
         let (store, queue, client) = embedded(dir.path());
         let worker = Worker::builder(store, queue)
@@ -652,7 +664,7 @@ mod tests {
         });
         let (store, queue, client) = embedded(dir.path());
         let worker = Worker::builder(store, queue)
-            .raw_handler("resize", config.build("resize").unwrap())
+            .raw_handler("resize", config.build("resize", &RunWatch::none()).unwrap())
             .start();
         let id = client
             .emit_json("acme", "resize", "{}", EmitOptions::default())

@@ -921,6 +921,128 @@ async fn listing_pages_with_a_keyset_cursor_and_refuses_bad_parameters() {
     }
 }
 
+/// Every `%` that does not start an escape is refused, in a path as
+/// `invalid_path` (as a bad UTF-8 escape already was) and in a query string
+/// as `invalid_query`; nothing is stored. `%25ZZ` is the tenant `%ZZ`.
+#[tokio::test]
+async fn malformed_percent_escapes_are_refused_in_paths_and_queries() {
+    let h = Harness::new(tokens()).await;
+    let bad_names = ["%ZZ", "%", "%Z", "%G0", "%0G", "a%2", "%%41", "x%zz"];
+    for name in bad_names {
+        for path in [
+            format!("/v1/tenants/{name}/handlers/ok/pause"),
+            format!("/v1/tenants/acme/handlers/{name}/pause"),
+        ] {
+            let (status, v) = h.call(Method::PUT, &path, Some(OPERATOR), None).await;
+            assert_error(
+                status,
+                &v,
+                StatusCode::BAD_REQUEST,
+                "invalid_path",
+                &["is not a percent-escape"],
+            );
+        }
+        let (status, v) = h
+            .call(
+                Method::GET,
+                &format!("/v1/events/{name}"),
+                Some(OPERATOR),
+                None,
+            )
+            .await;
+        assert_error(status, &v, StatusCode::BAD_REQUEST, "invalid_path", &[]);
+        for query in [
+            format!("tenant={name}"),
+            format!("{name}=1"),
+            format!("limit=5&handler={name}"),
+        ] {
+            let (status, v) = h
+                .call(
+                    Method::GET,
+                    &format!("/v1/events?{query}"),
+                    Some(OPERATOR),
+                    None,
+                )
+                .await;
+            assert_error(
+                status,
+                &v,
+                StatusCode::BAD_REQUEST,
+                "invalid_query",
+                &["is not a percent-escape"],
+            );
+        }
+    }
+    let (status, v) = h
+        .call(
+            Method::PUT,
+            "/v1/tenants/%ZZ/handlers/ok/pause",
+            Some(OPERATOR),
+            None,
+        )
+        .await;
+    assert_error(
+        status,
+        &v,
+        StatusCode::BAD_REQUEST,
+        "invalid_path",
+        &[r#""%ZZ" at byte 12"#],
+    );
+    // A well-formed escape of bytes that are not UTF-8, as before.
+    let (status, v) = h
+        .call(
+            Method::PUT,
+            "/v1/tenants/%FF/handlers/ok/pause",
+            Some(OPERATOR),
+            None,
+        )
+        .await;
+    assert_error(status, &v, StatusCode::BAD_REQUEST, "invalid_path", &[]);
+    let (_, v) = h.call(Method::GET, "/v1/rules", Some(OPERATOR), None).await;
+    assert_eq!(v["rules"], json!([]), "nothing stored");
+    // Escapes in either case are fine.
+    let (status, v) = h
+        .call(
+            Method::PUT,
+            "/v1/tenants/%25ZZ/handlers/o%6b/pause",
+            Some(OPERATOR),
+            None,
+        )
+        .await;
+    assert_eq!((status, v), (StatusCode::OK, json!({"added": true})));
+    let (_, v) = h.call(Method::GET, "/v1/rules", Some(OPERATOR), None).await;
+    let rules = v["rules"].as_array().unwrap();
+    assert_eq!(rules.len(), 1, "{v}");
+    assert_eq!(
+        (&rules[0]["tenant"], &rules[0]["handler"]),
+        (&json!("%ZZ"), &json!("ok"))
+    );
+    let (status, _) = h
+        .call(
+            Method::GET,
+            "/v1/events?tenant=%25ZZ&handler=a%2Bb+c",
+            Some(OPERATOR),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[test]
+fn a_malformed_escape_is_found_in_one_pass() {
+    use super::error::{malformed_escape, MalformedEscape};
+    let found = |raw| malformed_escape(raw).map(|m: MalformedEscape<'_>| (m.at, m.text));
+    assert_eq!(found("/v1/tenants/acme"), None);
+    assert_eq!(found("/a%2Fb%c3%A9%25"), None);
+    assert_eq!(found(""), None);
+    assert_eq!(found("%"), Some((0, "%")));
+    assert_eq!(found("ab%4"), Some((2, "%4")));
+    assert_eq!(found("%41%ZZ%42"), Some((3, "%ZZ")));
+    assert_eq!(found("%%41"), Some((0, "%%4")));
+    assert_eq!(found("x%é1"), Some((1, "%é1")));
+    assert_eq!(found("x%1é"), Some((1, "%1é")));
+}
+
 #[tokio::test]
 async fn retry_moves_a_dead_event_back_and_refuses_anything_else() {
     let h = Harness::with_worker(tokens(), |b| {

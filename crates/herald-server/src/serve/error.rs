@@ -220,6 +220,12 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for QueryParams<T>
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
         let query = parts.uri.query().unwrap_or("");
+        if let Some(bad) = malformed_escape(query) {
+            return Err(ApiError::bad_request(
+                "invalid_query",
+                format!("query string: {}", bad.message()),
+            ));
+        }
         serde_urlencoded::from_str(query)
             .map(QueryParams)
             .map_err(|e| ApiError::bad_request("invalid_query", format!("query string: {e}")))
@@ -233,6 +239,14 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for PathPar
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        // axum decodes leniently (`%ZZ` stays `%ZZ`, so that `%ZZ` and
+        // `%25ZZ` would name the same tenant): refuse what is not an escape.
+        if let Some(bad) = malformed_escape(parts.uri.path()) {
+            return Err(ApiError::bad_request(
+                "invalid_path",
+                format!("path: {}", bad.message()),
+            ));
+        }
         axum::extract::Path::<T>::from_request_parts(parts, state)
             .await
             .map(|axum::extract::Path(t)| PathParams(t))
@@ -243,6 +257,53 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for PathPar
                 )
             })
     }
+}
+
+/// A `%` in a raw path or query string that does not start an escape.
+#[derive(Debug, PartialEq, Eq)]
+pub struct MalformedEscape<'a> {
+    /// Its byte offset.
+    pub at: usize,
+    /// The `%` and what follows it, at most two more characters.
+    pub text: &'a str,
+}
+
+impl MalformedEscape<'_> {
+    fn message(&self) -> String {
+        format!(
+            "{:?} at byte {} is not a percent-escape (% and two hex digits); write a literal % as %25",
+            self.text, self.at
+        )
+    }
+}
+
+/// The first `%` of `raw` not followed by two hex digits: one pass over the
+/// bytes. (Whether the escapes decode to UTF-8 is checked when decoding.)
+pub fn malformed_escape(raw: &str) -> Option<MalformedEscape<'_>> {
+    let bytes = raw.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] != b'%' {
+            i += 1;
+            continue;
+        }
+        match bytes.get(i + 1..i + 3) {
+            Some([a, b]) if a.is_ascii_hexdigit() && b.is_ascii_hexdigit() => i += 3,
+            _ => {
+                // Up to two characters after the `%`, whole (the raw text
+                // is ASCII in practice, but a `&str` may hold more).
+                let end = raw[i + 1..]
+                    .char_indices()
+                    .nth(2)
+                    .map_or(raw.len(), |(n, _)| i + 1 + n);
+                return Some(MalformedEscape {
+                    at: i,
+                    text: &raw[i..end],
+                });
+            }
+        }
+    }
+    None
 }
 
 #[cfg(test)]

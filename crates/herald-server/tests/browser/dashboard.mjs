@@ -96,7 +96,9 @@ try {
   await workRow.waitFor();
   const cells = await row.locator("td").allTextContents();
   check(Number(cells[3]) > 0, `acme/flaky shows no dead events: ${JSON.stringify(cells)}`);
-  check(cells[5].includes("running"), `acme/flaky is not shown as running: ${JSON.stringify(cells)}`);
+  check(cells[5].includes("not held"), `acme/flaky is not shown as not held: ${JSON.stringify(cells)}`);
+  check(!cells[5].includes("running"), `acme/flaky still has a "running" badge: ${JSON.stringify(cells)}`);
+  check(!cells[5].includes("not run by this server"), `acme/flaky is run by this server: ${JSON.stringify(cells)}`);
 
   begin("pause acme/flaky through the page");
   await row.locator('button[data-action="pause"]').click();

@@ -192,11 +192,12 @@ function row(cells) {
   return tr;
 }
 
-function badge(kind, text) {
+function badge(kind, text, title) {
   const b = document.createElement("span");
   b.className = "badge badge-" + kind;
   b.dataset.testid = "badge-" + kind;
   b.textContent = text;
+  if (title) b.title = title;
   return b;
 }
 
@@ -232,8 +233,10 @@ function renderHandlers(stats, rules) {
     const state = document.createElement("span");
     if (r.blocked) state.append(badge("blocked", "BLOCKED"));
     if (r.paused) state.append(badge("paused", "PAUSED"));
-    if (!r.blocked && !r.paused) state.append(badge("active", "running"));
-    if (served && !served.has(r.handler)) state.append(badge("noworker", "not run by this server"));
+    // "not held" says that no rule holds the events, not that anything
+    // runs: beside "not run by this server", "running" read as a contradiction.
+    if (!r.blocked && !r.paused) state.append(badge("unheld", "not held", "no pause or block holds these events"));
+    if (served && !served.has(r.handler)) state.append(badge("noworker", "not run by this server", "this server has no handler of this name; another server may run it"));
 
     const btn = document.createElement("button");
     btn.type = "button";

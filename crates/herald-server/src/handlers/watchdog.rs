@@ -1,0 +1,336 @@
+//! The run watchdog: command runs end when the server that started them
+//! dies, however it dies.
+//!
+//! At start, `herald serve` spawns `herald watch-runs` (itself, a hidden
+//! subcommand) with a pipe to its stdin, and writes one line per change:
+//! `+PGID` when a command's process group starts, `-PGID` when it is gone.
+//! The watchdog keeps the set of live groups. When its stdin reaches EOF,
+//! the server is gone (an exit, a panic, `kill -9`: the kernel closes the
+//! pipe in every case), so it sends `SIGKILL` to every live group and
+//! exits. It runs in a process group of its own (a signal to the server's
+//! group does not reach it) and ignores SIGINT, SIGTERM and SIGHUP: it ends
+//! only after the server has.
+//!
+//! If the watchdog dies while the server lives, the server notices (the
+//! watchdog's stdout, which only it holds, reaches EOF; or a write fails),
+//! logs a warning and starts another one with the live set. A server and
+//! watchdog killed together leave their runs behind: the next server finds
+//! and kills them at start ([`super::leftovers`]).
+//!
+//! Why not `PR_SET_PDEATHSIG` on each command: it needs `unsafe` (a
+//! `pre_exec` hook), and it fires when the *thread* that spawned the child
+//! ends, not the process: with tokio, commands are spawned from worker and
+//! blocking-pool threads that come and go, so a healthy server would kill
+//! its own runs. And why one watchdog per server rather than one supervisor
+//! per run: a supervisor process per run costs a fork and exec on every
+//! run (285 runs/s against 1,020 with the watchdog in an earlier
+//! measurement; see `docs/handlers.md`).
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, Read, Write};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, ChildStdin, Command, ExitCode, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::sys::signal::{killpg, SigSet, Signal};
+use nix::unistd::Pid;
+
+/// The hidden subcommand that runs the watchdog.
+pub const SUBCOMMAND: &str = "watch-runs";
+/// How long to wait before trying again when a watchdog cannot be started.
+const RESPAWN_PAUSE: Duration = Duration::from_secs(1);
+
+/// One line of the server's protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Change {
+    Started(i32),
+    Ended(i32),
+}
+
+impl Change {
+    fn parse(line: &str) -> Option<Change> {
+        let line = line.trim();
+        let (sign, number) = line.split_at_checked(1)?;
+        // A group id is a positive pid; 0 or a negative one would make
+        // killpg hit the watchdog's own group or every process.
+        let pgid = number.parse::<i32>().ok().filter(|&p| p > 1)?;
+        match sign {
+            "+" => Some(Change::Started(pgid)),
+            "-" => Some(Change::Ended(pgid)),
+            _ => None,
+        }
+    }
+
+    fn line(self) -> String {
+        match self {
+            Change::Started(p) => format!("+{p}\n"),
+            Change::Ended(p) => format!("-{p}\n"),
+        }
+    }
+
+    fn apply(self, live: &mut BTreeSet<i32>) {
+        match self {
+            Change::Started(p) => live.insert(p),
+            Change::Ended(p) => live.remove(&p),
+        };
+    }
+}
+
+/// `herald watch-runs`: reads `+PGID`/`-PGID` lines from stdin until EOF,
+/// then kills every group still live. Call before any other thread exists:
+/// the signal mask set here is the calling thread's.
+pub fn watch_runs() -> ExitCode {
+    // Blocked, these signals stay pending and never act: the watchdog must
+    // outlive the server, which a service manager may signal together
+    // with it. SIGKILL still ends it (and the next server cleans up).
+    let mut quiet = SigSet::empty();
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        quiet.add(s);
+    }
+    if let Err(e) = quiet.thread_block() {
+        tracing::warn!("run watchdog: cannot block SIGINT/SIGTERM/SIGHUP: {e}");
+    }
+    let mut live = BTreeSet::new();
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        match Change::parse(&line) {
+            Some(change) => change.apply(&mut live),
+            None => tracing::warn!("run watchdog: ignoring the line {line:?}"),
+        }
+    }
+    if !live.is_empty() {
+        tracing::warn!(
+            groups = ?live,
+            "run watchdog: the server is gone; killing the process groups of its running commands"
+        );
+    }
+    for &pgid in &live {
+        match killpg(Pid::from_raw(pgid), Signal::SIGKILL) {
+            Ok(()) | Err(Errno::ESRCH) => {}
+            Err(e) => tracing::warn!(pgid, "run watchdog: cannot kill a process group: {e}"),
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// What the server reports about its command runs, for the watchdog.
+/// Cheap to clone; reporting never blocks (a thread of its own talks to
+/// the watchdog). [`RunWatch::none`] reports nowhere (for tests of the
+/// handlers alone).
+#[derive(Clone)]
+pub struct RunWatch {
+    inner: Option<Arc<Watched>>,
+}
+
+struct Watched {
+    to_keeper: Sender<Message>,
+    server_id: String,
+}
+
+enum Message {
+    Change(Change),
+    /// The watchdog of this generation is gone (its stdout closed).
+    Gone(u64),
+}
+
+impl RunWatch {
+    /// Starts the watchdog and the thread that keeps it fed. `server_id`
+    /// is what command runs get as `HERALD_SERVER_ID`. Fails when the
+    /// first watchdog cannot be started.
+    pub fn start(server_id: String) -> std::io::Result<RunWatch> {
+        let (to_keeper, inbox) = mpsc::channel();
+        let first = Watchdog::spawn(0, &BTreeSet::new(), to_keeper.clone())?;
+        tracing::info!(pid = first.child.id(), "run watchdog started");
+        let feedback = to_keeper.clone();
+        std::thread::Builder::new()
+            .name("herald-run-watch".into())
+            .spawn(move || keep(first, inbox, feedback))?;
+        Ok(RunWatch {
+            inner: Some(Arc::new(Watched {
+                to_keeper,
+                server_id,
+            })),
+        })
+    }
+
+    /// A watch that reports nowhere.
+    pub fn none() -> RunWatch {
+        RunWatch { inner: None }
+    }
+
+    /// The id runs carry as `HERALD_SERVER_ID`, if watched.
+    pub fn server_id(&self) -> Option<&str> {
+        self.inner.as_ref().map(|w| w.server_id.as_str())
+    }
+
+    /// A command's process group `pgid` has started.
+    pub fn started(&self, pgid: i32) {
+        self.send(Change::Started(pgid));
+    }
+
+    /// Process group `pgid` is gone (or has been sent `SIGKILL`).
+    pub fn ended(&self, pgid: i32) {
+        self.send(Change::Ended(pgid));
+    }
+
+    fn send(&self, change: Change) {
+        if let Some(w) = &self.inner {
+            // Fails only if the keeper thread is gone, which it is not
+            // while a sender exists: it has one itself.
+            let _ = w.to_keeper.send(Message::Change(change));
+        }
+    }
+}
+
+/// One running `herald watch-runs`.
+struct Watchdog {
+    child: Child,
+    stdin: ChildStdin,
+    generation: u64,
+}
+
+impl Watchdog {
+    /// Starts a watchdog and tells it about `live`. A thread waits for
+    /// the end of its stdout and then sends `Gone(generation)`.
+    fn spawn(
+        generation: u64,
+        live: &BTreeSet<i32>,
+        feedback: Sender<Message>,
+    ) -> std::io::Result<Watchdog> {
+        let exe = std::env::current_exe()?;
+        // /proc/self/exe is this very binary even when a deploy has
+        // replaced the file at `exe` (then `exe` ends in " (deleted)").
+        let mut child = Command::new("/proc/self/exe")
+            .arg0(&exe)
+            .arg(SUBCOMMAND)
+            .process_group(0)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .or_else(|_| {
+                Command::new(&exe)
+                    .arg(SUBCOMMAND)
+                    .process_group(0)
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .spawn()
+            })?;
+        let mut stdin = child.stdin.take().expect("piped");
+        let mut stdout = child.stdout.take().expect("piped");
+        std::thread::Builder::new()
+            .name("herald-run-watch-eof".into())
+            .spawn(move || {
+                // The watchdog never writes: this read ends when it dies.
+                let mut sink = [0u8; 64];
+                while matches!(stdout.read(&mut sink), Ok(n) if n > 0) {}
+                let _ = feedback.send(Message::Gone(generation));
+            })?;
+        let mut lines = String::new();
+        for &pgid in live {
+            lines.push_str(&Change::Started(pgid).line());
+        }
+        if !lines.is_empty() {
+            stdin.write_all(lines.as_bytes())?;
+        }
+        Ok(Watchdog {
+            child,
+            stdin,
+            generation,
+        })
+    }
+
+    /// Ends this watchdog (if it still runs) and reaps it. Its stdin is
+    /// closed last, so that it cannot kill the live groups on its way out.
+    fn end(mut self) -> String {
+        let _ = self.child.kill();
+        let status = self.child.wait();
+        drop(self.stdin);
+        match status {
+            Ok(s) => s.to_string(),
+            Err(e) => format!("cannot wait for it: {e}"),
+        }
+    }
+}
+
+/// The keeper thread: applies each change to the live set and passes it
+/// on; replaces a watchdog that died.
+fn keep(first: Watchdog, inbox: Receiver<Message>, feedback: Sender<Message>) {
+    let mut live = BTreeSet::new();
+    let mut current = Some(first);
+    let mut generation = 0;
+    loop {
+        let message = if current.is_some() {
+            match inbox.recv() {
+                Ok(m) => Some(m),
+                // Cannot happen while this thread holds `feedback`.
+                Err(_) => return,
+            }
+        } else {
+            match inbox.recv_timeout(RESPAWN_PAUSE) {
+                Ok(m) => Some(m),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        };
+        let mut lost: Option<String> = None;
+        match message {
+            Some(Message::Change(change)) => {
+                change.apply(&mut live);
+                if let Some(w) = current.as_mut() {
+                    if let Err(e) = w.stdin.write_all(change.line().as_bytes()) {
+                        lost = Some(format!("writing to it failed: {e}"));
+                    }
+                }
+            }
+            Some(Message::Gone(g)) if current.as_ref().is_some_and(|w| w.generation == g) => {
+                lost = Some("it exited".into());
+            }
+            // A watchdog already replaced, or a pause before trying again.
+            Some(Message::Gone(_)) | None => {}
+        }
+        if let Some(why) = lost {
+            if let Some(w) = current.take() {
+                let status = w.end();
+                tracing::warn!(
+                    groups = live.len(),
+                    "run watchdog lost ({why}: {status}); starting another one"
+                );
+            }
+        }
+        if current.is_none() {
+            generation += 1;
+            match Watchdog::spawn(generation, &live, feedback.clone()) {
+                Ok(w) => {
+                    tracing::info!(pid = w.child.id(), groups = live.len(), "run watchdog started");
+                    current = Some(w);
+                }
+                Err(e) => tracing::error!(
+                    "cannot start a run watchdog ({e}); trying again in {RESPAWN_PAUSE:?}; until then, running commands would outlive a killed server"
+                ),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_are_read_strictly() {
+        assert_eq!(Change::parse("+123"), Some(Change::Started(123)));
+        assert_eq!(Change::parse("-123\n"), Some(Change::Ended(123)));
+        for bad in ["", "+", "123", "*5", "+0", "+1", "+-5", "--5", "+x", "+5 6"] {
+            assert_eq!(Change::parse(bad), None, "{bad:?}");
+        }
+        let mut live = BTreeSet::new();
+        for line in ["+5", "+7", "-5", "+9", "-11"] {
+            Change::parse(line).unwrap().apply(&mut live);
+        }
+        assert_eq!(live, BTreeSet::from([7, 9]));
+        assert_eq!(Change::Started(7).line(), "+7\n");
+    }
+}
