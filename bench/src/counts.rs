@@ -7,7 +7,7 @@
 //! `cargo run --release -p herald-bench --bin counts -- --events 1000000`
 //! (SQLite in a temporary directory), or with
 //! `--store postgres://postgres@127.0.0.1/test` (a scratch schema,
-//! dropped before and after). Or `bench/counts.sh` for both.
+//! dropped before and after), or `bench/counts.sh` for both.
 //!
 //! The events: `--tenants` × `--handlers` pairs; per pair, 70% due now,
 //! 30% delayed by an hour; every fifth handler paused for the first
@@ -78,7 +78,9 @@ where
 async fn fill(store: &dyn Store, args: &Args) {
     let now = Millis::now();
     let pairs: Vec<(String, String)> = (0..args.tenants)
-        .flat_map(|t| (0..args.handlers).map(move |h| (format!("tenant{t}"), format!("handler{h}"))))
+        .flat_map(|t| {
+            (0..args.handlers).map(move |h| (format!("tenant{t}"), format!("handler{h}")))
+        })
         .collect();
     let start = Instant::now();
     let mut batch = Vec::with_capacity(10_000);
@@ -179,10 +181,7 @@ async fn main() {
                 let mut st = conn
                     .prepare(&OLD_GROUP_BY.replace("{s}", ""))
                     .expect("prepare");
-                let n = st
-                    .query_map([], |_| Ok(()))
-                    .expect("query")
-                    .count();
+                let n = st.query_map([], |_| Ok(())).expect("query").count();
                 assert!(n > 0);
             })
             .await

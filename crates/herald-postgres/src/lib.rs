@@ -44,7 +44,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use herald::store::{
-    CountsQuery, EventFilter, Finish, HandlerCounts, Inspected, Inspection, LeaseRef,
+    CappedCount, CountsQuery, EventFilter, Finish, HandlerCounts, Inspected, Inspection, LeaseRef,
     PendingSample, Scheduled, Settle, StoreResult, SweepPage, SweepPass,
 };
 use herald::{
@@ -1283,38 +1283,47 @@ impl Store for PgStore {
         .fetch_all(&self.pool)
         .await
         .ctx(OP)?;
-        let cap = i64::try_from(query.exact_up_to).unwrap_or(i64::MAX);
+        let cap = i64::try_from(query.exact_up_to.max(1)).unwrap_or(i64::MAX);
         let mut out = Vec::with_capacity(pairs.len());
         for (tenant, handler) in pairs {
             if query.handler.as_ref().is_some_and(|h| *h != handler) {
                 continue;
             }
-            let (pending, dead, done, held, read, running, delayed): (
-                i64,
-                i64,
-                i64,
-                bool,
-                i64,
-                i64,
-                i64,
-            ) = sqlx::query_as(&self.sql.count_pair)
+            let row = sqlx::query(&self.sql.count_pair)
                 .bind(&tenant)
                 .bind(&handler)
                 .bind(cap)
                 .fetch_one(&self.pool)
                 .await
                 .ctx(OP)?;
-            let n = |v: i64| v.max(0) as u64;
+            let n = |i: usize| -> Result<u64, sqlx::Error> {
+                Ok(row.try_get::<i64, _>(i)?.max(0) as u64)
+            };
+            let capped = |at: usize| -> Result<CappedCount, sqlx::Error> {
+                let id = |i: usize| row.try_get::<Option<Uuid>, _>(i).map(|u| u.map(EventId));
+                let span = match (id(at + 1)?, id(at + 2)?, id(at + 3)?) {
+                    (Some(a), Some(b), Some(c)) => Some([a, b, c]),
+                    _ => None,
+                };
+                Ok(CappedCount {
+                    counted: n(at)?,
+                    span,
+                })
+            };
+            let parts = (|| {
+                Ok::<_, sqlx::Error>((
+                    [capped(0)?, capped(4)?, capped(8)?],
+                    row.try_get::<bool, _>(12)?,
+                    PendingSample {
+                        read: n(13)?,
+                        running: n(14)?,
+                        delayed: n(15)?,
+                    },
+                ))
+            })()
+            .ctx(OP)?;
             out.push(HandlerCounts::from_parts(
-                tenant,
-                handler,
-                [n(pending), n(dead), n(done)],
-                held,
-                PendingSample {
-                    read: n(read),
-                    running: n(running),
-                    delayed: n(delayed),
-                },
+                tenant, handler, parts.0, parts.1, parts.2,
             ));
         }
         Ok(out)

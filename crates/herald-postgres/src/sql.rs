@@ -233,23 +233,39 @@ const COUNT_PAIRS_OF: &str = "WITH RECURSIVE p AS ( \
          ORDER BY e.handler LIMIT 1) AS n) \
      SELECT tenant, handler FROM p";
 
-/// One pair's counts: pending, dead and done from events_by_handler; whether
-/// a rule holds it; and up to `$3` of its pending events split into
-/// running and delayed (by the database's clock). `$1` tenant, `$2` handler.
-const COUNT_PAIR: &str = "SELECT \
-       (SELECT count(*) FROM {s}.events WHERE tenant = $1 AND handler = $2 AND state = 0), \
-       (SELECT count(*) FROM {s}.events WHERE tenant = $1 AND handler = $2 AND state = 1), \
-       (SELECT count(*) FROM {s}.events WHERE tenant = $1 AND handler = $2 AND state = 2), \
+/// One pair's counts: per state (pending, dead, done), at most `$3`
+/// entries of events_by_handler counted, with the first, the `$3`-th and
+/// the last id for the extrapolation beyond; whether a rule holds it; and
+/// up to `$3` of its pending events split into running and delayed (by the
+/// database's clock). `$1` tenant, `$2` handler.
+const COUNT_PAIR: &str = "SELECT p0.*, p1.*, p2.*, \
        EXISTS (SELECT 1 FROM {s}.rules WHERE tenant = $1 AND handler = $2), \
        x.read, x.running, x.delayed \
-     FROM (SELECT count(*) AS read, \
+     FROM {capped0} AS p0, {capped1} AS p1, {capped2} AS p2, \
+          (SELECT count(*) AS read, \
              count(*) FILTER (WHERE lease_expires_at > c.now) AS running, \
              count(*) FILTER (WHERE (lease_expires_at IS NULL OR lease_expires_at <= c.now) \
                               AND run_at > c.now) AS delayed \
            FROM (SELECT {nowexpr} AS now) AS c, \
                 LATERAL (SELECT run_at, lease_expires_at FROM {s}.events \
-                         WHERE tenant = $1 AND handler = $2 AND state = 0 LIMIT $3) AS s \
+                         WHERE tenant = $1 AND handler = $2 AND state = 0 \
+                         ORDER BY id LIMIT $3) AS s \
           ) AS x";
+
+/// One state's capped count in [`COUNT_PAIR`], one read of at most `$3`
+/// index entries: the `$3`-th id and, only when there is none, the exact
+/// count below it; with the first and the last id.
+const CAPPED: &str = "(SELECT CASE WHEN c.at_cap IS NULL \
+           THEN (SELECT count(*) FROM {s}.events \
+                 WHERE tenant = $1 AND handler = $2 AND state = {state}) \
+           ELSE $3 END AS counted, \
+         (SELECT id FROM {s}.events WHERE tenant = $1 AND handler = $2 AND state = {state} \
+           ORDER BY id LIMIT 1) AS first, \
+         c.at_cap, \
+         (SELECT id FROM {s}.events WHERE tenant = $1 AND handler = $2 AND state = {state} \
+           ORDER BY id DESC LIMIT 1) AS last \
+       FROM (SELECT (SELECT id FROM {s}.events WHERE tenant = $1 AND handler = $2 \
+                     AND state = {state} ORDER BY id OFFSET $3 - 1 LIMIT 1) AS at_cap) AS c)";
 
 const REVIVE_CLASH: &str = "SELECT live.id FROM {s}.events AS dead JOIN {s}.events AS live \
        ON live.tenant = dead.tenant AND live.handler = dead.handler \
@@ -351,7 +367,10 @@ impl Sql {
             history: f(HISTORY),
             count_pairs: f(COUNT_PAIRS),
             count_pairs_of: f(COUNT_PAIRS_OF),
-            count_pair: f(COUNT_PAIR),
+            count_pair: f(&COUNT_PAIR
+                .replace("{capped0}", &CAPPED.replace("{state}", "0"))
+                .replace("{capped1}", &CAPPED.replace("{state}", "1"))
+                .replace("{capped2}", &CAPPED.replace("{state}", "2"))),
             revive_clash: f(REVIVE_CLASH),
             revive: f(REVIVE),
             delete: f(DELETE),

@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use herald::store::{
-    CountsQuery, EventFilter, Finish, HandlerCounts, Inspected, Inspection, LeaseRef,
+    CappedCount, CountsQuery, EventFilter, Finish, HandlerCounts, Inspected, Inspection, LeaseRef,
     PendingSample, Scheduled, Settle, StoreResult, SweepPage, SweepPass,
 };
 use herald::{
@@ -46,7 +46,7 @@ use rusqlite::vtab::array::Array;
 use rusqlite::{params, CachedStatement, Connection, OptionalExtension};
 use tokio::sync::oneshot;
 
-use crate::rows::{event, event_id, state_at, state_code, Ctx, EVENT_COLUMNS, PARKED};
+use crate::rows::{event, event_id, state_code, Ctx, EVENT_COLUMNS, PARKED};
 use crate::writer::{Call, Job};
 
 pub use crate::schema::SCHEMA_VERSION;
@@ -873,11 +873,24 @@ impl Store for SqliteStore {
                 }
                 at = pair;
             }
-            // Totals per state from the covering index (no table rows).
-            let mut totals = conn
+            // Per state, at most `cap` entries of the covering index: the
+            // count, and the ids that extrapolate it beyond the cap.
+            let mut capped = conn
                 .prepare_cached(
-                    "SELECT state, count(*) FROM events WHERE tenant = ?1 AND handler = ?2 \
-                     GROUP BY state",
+                    // One read of at most the cap: the cap-th id, and only
+                    // when there is none, the exact count below it.
+                    "SELECT CASE WHEN c.at_cap IS NULL \
+                              THEN (SELECT count(*) FROM events \
+                                    WHERE tenant = ?1 AND handler = ?2 AND state = ?3) \
+                              ELSE ?4 END, \
+                            (SELECT id FROM events WHERE tenant = ?1 AND handler = ?2 AND state = ?3 \
+                              ORDER BY id LIMIT 1), \
+                            c.at_cap, \
+                            (SELECT id FROM events WHERE tenant = ?1 AND handler = ?2 AND state = ?3 \
+                              ORDER BY id DESC LIMIT 1) \
+                     FROM (SELECT (SELECT id FROM events \
+                                   WHERE tenant = ?1 AND handler = ?2 AND state = ?3 \
+                                   ORDER BY id LIMIT 1 OFFSET ?4 - 1) AS at_cap) AS c",
                 )
                 .ctx(OP)?;
             let mut held = conn
@@ -892,30 +905,39 @@ impl Store for SqliteStore {
                        coalesce(sum((lease_expires_at IS NULL OR lease_expires_at <= ?3) \
                                     AND run_at > ?3), 0) \
                      FROM (SELECT run_at, lease_expires_at FROM events \
-                           WHERE tenant = ?1 AND handler = ?2 AND state = 0 LIMIT ?4)",
+                           WHERE tenant = ?1 AND handler = ?2 AND state = 0 \
+                           ORDER BY id LIMIT ?4)",
                 )
                 .ctx(OP)?;
-            let cap = i64::try_from(query.exact_up_to).unwrap_or(i64::MAX);
+            let cap = i64::try_from(query.exact_up_to.max(1)).unwrap_or(i64::MAX);
             let mut out = Vec::with_capacity(pairs.len());
             for (tenant, handler) in pairs {
-                let mut by_state = [0u64; 3];
-                let rows = totals
-                    .query_map(params![tenant, handler], |r| {
-                        Ok((state_at(r, 0)?, r.get::<_, i64>(1)?.max(0) as u64))
-                    })
-                    .ctx(OP)?;
-                for row in rows {
-                    let (state, n) = row.ctx(OP)?;
-                    by_state[match state {
-                        EventState::Pending => 0,
-                        EventState::Dead => 1,
-                        EventState::Done => 2,
-                    }] = n;
+                let mut by_state = [CappedCount::default(); 3];
+                for (i, state) in [EventState::Pending, EventState::Dead, EventState::Done]
+                    .into_iter()
+                    .enumerate()
+                {
+                    by_state[i] = capped
+                        .query_row(params![tenant, handler, state_code(state), cap], |r| {
+                            let id = |i| {
+                                r.get::<_, Option<[u8; 16]>>(i)
+                                    .map(|b| b.map(|b| EventId(uuid::Uuid::from_bytes(b))))
+                            };
+                            let span = match (id(1)?, id(2)?, id(3)?) {
+                                (Some(a), Some(b), Some(c)) => Some([a, b, c]),
+                                _ => None,
+                            };
+                            Ok(CappedCount {
+                                counted: r.get::<_, i64>(0)?.max(0) as u64,
+                                span,
+                            })
+                        })
+                        .ctx(OP)?;
                 }
                 let is_held: bool = held
                     .query_row(params![tenant, handler], |r| r.get(0))
                     .ctx(OP)?;
-                let seen = if is_held || by_state[0] == 0 {
+                let seen = if is_held || by_state[0].counted == 0 {
                     PendingSample::default()
                 } else {
                     sample

@@ -105,8 +105,3 @@ pub(crate) fn event(row: &Row<'_>) -> rusqlite::Result<Event> {
         updated_at: Millis(row.get(13)?),
     })
 }
-
-/// Reads a state column.
-pub(crate) fn state_at(row: &Row<'_>, idx: usize) -> rusqlite::Result<EventState> {
-    state_from(idx, row.get(idx)?)
-}

@@ -28,8 +28,8 @@ pub use model::{
 pub use queue::{Delivery, DeliveryTag, Publish, Queue, QueueError};
 pub use retry::{RetryPolicy, DEFAULT_MAX_ATTEMPTS};
 pub use store::{
-    CountsQuery, EventFilter, HandlerCounts, Leadership, PendingSample, Store, StoreError,
-    StoreResult,
+    CappedCount, CountsQuery, EventFilter, HandlerCounts, Leadership, PendingSample, Store,
+    StoreError, StoreResult,
 };
 pub use worker::{
     RunObserver, RunSettled, ShutdownHandle, ShutdownReport, StatsSnapshot, Worker, WorkerBuilder,

@@ -56,6 +56,13 @@ impl EventId {
     pub fn new() -> Self {
         EventId(Uuid::now_v7())
     }
+
+    /// When the id was made, in Unix milliseconds (the UUIDv7's first 48
+    /// bits); `None` for an id that is not a UUIDv7.
+    pub fn created_ms(&self) -> Option<i64> {
+        let (secs, nanos) = self.0.get_timestamp()?.to_unix();
+        Some(secs as i64 * 1000 + i64::from(nanos / 1_000_000))
+    }
 }
 
 impl Default for EventId {

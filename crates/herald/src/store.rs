@@ -209,16 +209,18 @@ pub struct CountsQuery {
     pub tenant: Option<String>,
     /// Only this handler.
     pub handler: Option<String>,
-    /// How many pending events of one `(tenant, handler)` are read to split
-    /// them into waiting, running and delayed; beyond it the split is
-    /// extrapolated from those read and the row says `estimated`.
-    /// Default [`CountsQuery::DEFAULT_EXACT_UP_TO`].
+    /// How many events of one `(tenant, handler)` and state are counted
+    /// exactly (an index read of at most this many), and how many pending
+    /// ones are read to split them into waiting, running and delayed;
+    /// beyond it numbers are extrapolated and the row says `estimated`. The
+    /// cost of a call is bounded by handlers × this, however many events
+    /// are stored. Default [`CountsQuery::DEFAULT_EXACT_UP_TO`].
     pub exact_up_to: u64,
 }
 
 impl CountsQuery {
     /// The default of [`CountsQuery::exact_up_to`].
-    pub const DEFAULT_EXACT_UP_TO: u64 = 10_000;
+    pub const DEFAULT_EXACT_UP_TO: u64 = 1_000;
 
     /// Every tenant and handler.
     pub fn all() -> Self {
@@ -276,10 +278,45 @@ pub struct HandlerCounts {
     pub dead: u64,
     /// Done (kept by `done_retention`).
     pub done: u64,
-    /// Whether waiting, running and delayed are extrapolated (more pending
-    /// events than [`CountsQuery::exact_up_to`]); their sum, `held`, `dead`
-    /// and `done` are exact.
+    /// Whether any number is extrapolated: a state held more events than
+    /// [`CountsQuery::exact_up_to`] (its total is scaled by the creation
+    /// times of the ids counted), or more pending events than were read to
+    /// split them into waiting, running and delayed.
     pub estimated: bool,
+}
+
+/// One state's events of one `(tenant, handler)`, counted in id order up
+/// to a cap (an index range read of at most the cap, never the whole
+/// range): the count, and when it reached the cap, the first, the cap-th
+/// and the last id, from which [`CappedCount::total`] extrapolates.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CappedCount {
+    /// Events counted: all of them, or the cap.
+    pub counted: u64,
+    /// Set when `counted` reached the cap: the first, the cap-th and the
+    /// last event id of the range.
+    pub span: Option<[EventId; 3]>,
+}
+
+impl CappedCount {
+    /// The count, and whether it is an estimate. Ids are UUIDv7s, so the
+    /// span of creation times the first `counted` events cover, against
+    /// the whole range's span, scales the count: exact for a steady
+    /// emission rate, and never less than what was counted.
+    pub fn total(&self) -> (u64, bool) {
+        let Some([first, at_cap, last]) = self.span else {
+            return (self.counted, false);
+        };
+        if at_cap == last {
+            return (self.counted, false);
+        }
+        let ms = |id: EventId| id.created_ms().unwrap_or(0);
+        // +1 ms: a burst emitted within one millisecond still spans one.
+        let counted_span = (ms(at_cap) - ms(first)).max(0) as f64 + 1.0;
+        let whole_span = (ms(last) - ms(first)).max(0) as f64 + 1.0;
+        let scaled = (self.counted as f64 * whole_span / counted_span).round() as u64;
+        (scaled.max(self.counted + 1), true)
+    }
 }
 
 /// What a store read of one `(tenant, handler)`'s pending events: up to
@@ -295,22 +332,26 @@ pub struct PendingSample {
 }
 
 impl HandlerCounts {
-    /// Builds a row from exact totals per state, whether a rule holds the
-    /// handler, and the sample of its pending events (ignored when held).
-    /// Beyond the sample, running and delayed are scaled to the pending
-    /// total, and the row is `estimated`.
+    /// Builds a row from the capped counts per state (pending, dead, done),
+    /// whether a rule holds the handler, and the sample of its pending
+    /// events (ignored when held). Beyond the cap, totals are extrapolated
+    /// ([`CappedCount::total`]) and running and delayed are scaled from the
+    /// sample to the pending total; the row is then `estimated`.
     pub fn from_parts(
         tenant: String,
         handler: String,
-        [pending, dead, done]: [u64; 3],
+        [pending, dead, done]: [CappedCount; 3],
         held: bool,
         sample: PendingSample,
     ) -> Self {
+        let ((pending, p_est), (dead, d_est), (done, o_est)) =
+            (pending.total(), dead.total(), done.total());
         let mut row = HandlerCounts {
             tenant,
             handler,
             dead,
             done,
+            estimated: p_est || d_est || o_est,
             ..HandlerCounts::default()
         };
         if held {
@@ -468,4 +509,106 @@ pub trait Store: Send + Sync + 'static {
 impl RuleKind {
     /// Both kinds, strongest first.
     pub const ALL: [RuleKind; 2] = [RuleKind::Block, RuleKind::Pause];
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An id made at `ms` (Unix milliseconds).
+    fn id_at(ms: u64) -> EventId {
+        let ts =
+            uuid::Timestamp::from_unix(uuid::NoContext, ms / 1000, (ms % 1000) as u32 * 1_000_000);
+        EventId(uuid::Uuid::new_v7(ts))
+    }
+
+    #[test]
+    fn a_capped_count_is_exact_under_the_cap_and_scaled_by_id_time_beyond() {
+        let under = CappedCount {
+            counted: 7,
+            span: None,
+        };
+        assert_eq!(under.total(), (7, false));
+        // Exactly the cap: the cap-th id is the last one.
+        let last = id_at(1_009);
+        let at = CappedCount {
+            counted: 10,
+            span: Some([id_at(1_000), last, last]),
+        };
+        assert_eq!(at.total(), (10, false));
+        // A steady rate of one event per ms: 10 counted over 10 ms of 100.
+        let steady = CappedCount {
+            counted: 10,
+            span: Some([id_at(1_000), id_at(1_009), id_at(1_099)]),
+        };
+        assert_eq!(steady.total(), (100, true));
+        // A burst within one millisecond still says "more than counted".
+        let burst = CappedCount {
+            counted: 10,
+            span: Some([id_at(5_000), id_at(5_000), id_at(5_000)]),
+        };
+        assert_eq!(burst.total(), (11, true));
+        let burst = CappedCount {
+            counted: 10,
+            span: Some([id_at(5_000), id_at(5_000), id_at(5_001)]),
+        };
+        assert_eq!(burst.total(), (20, true));
+    }
+
+    #[test]
+    fn a_row_adds_up_and_says_when_it_is_estimated() {
+        let exact = |n| CappedCount {
+            counted: n,
+            span: None,
+        };
+        let row = HandlerCounts::from_parts(
+            "t".into(),
+            "h".into(),
+            [exact(10), exact(2), exact(0)],
+            false,
+            PendingSample {
+                read: 10,
+                running: 3,
+                delayed: 4,
+            },
+        );
+        assert_eq!(
+            (
+                row.waiting,
+                row.running,
+                row.delayed,
+                row.dead,
+                row.estimated
+            ),
+            (3, 3, 4, 2, false)
+        );
+        let held = HandlerCounts::from_parts(
+            "t".into(),
+            "h".into(),
+            [exact(10), exact(0), exact(0)],
+            true,
+            PendingSample::default(),
+        );
+        assert_eq!((held.held, held.waiting, held.estimated), (10, 0, false));
+        let scaled = HandlerCounts::from_parts(
+            "t".into(),
+            "h".into(),
+            [exact(100), exact(0), exact(0)],
+            false,
+            PendingSample {
+                read: 10,
+                running: 1,
+                delayed: 5,
+            },
+        );
+        assert_eq!(
+            (
+                scaled.waiting,
+                scaled.running,
+                scaled.delayed,
+                scaled.estimated
+            ),
+            (40, 10, 50, true)
+        );
+    }
 }

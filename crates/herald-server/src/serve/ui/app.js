@@ -252,19 +252,22 @@ function renderHandlers(stats, rules) {
     const path = `/v1/tenants/${encodeURIComponent(r.tenant)}/handlers/${encodeURIComponent(r.handler)}/pause`;
     btn.onclick = () => act(btn, r.paused ? "DELETE" : "PUT", path, `${btn.textContent} ${r.tenant} / ${r.handler}`);
 
+    // "~": extrapolated beyond the counted cap (see GET /v1/stats).
+    const n = (v) => (r.estimated ? "~" : "") + v;
     const tr = row([
       cell(r.tenant, "mono"),
       cell(r.handler, "mono"),
-      // "~": waiting, running and delayed are extrapolated (their sum is exact).
-      cell((r.estimated ? "~" : "") + r.waiting, "num"),
-      cell((r.estimated ? "~" : "") + r.running, "num"),
-      cell((r.estimated ? "~" : "") + r.delayed, "num"),
-      cell(r.held, "num"),
-      cell(r.dead, r.dead > 0 ? "num hot" : "num"),
-      cell(r.done, "num"),
+      cell(n(r.waiting), "num"),
+      cell(n(r.running), "num"),
+      cell(n(r.delayed), "num"),
+      cell(n(r.held), "num"),
+      cell(n(r.dead), r.dead > 0 ? "num hot" : "num"),
+      cell(n(r.done), "num"),
       cell(state),
       cell(btn),
     ]);
+    ["tenant", "handler", "waiting", "running", "delayed", "held", "dead", "done", "state", "action"]
+      .forEach((col, i) => { tr.children[i].dataset.col = col; });
     tr.dataset.tenant = r.tenant;
     tr.dataset.handler = r.handler;
     tr.dataset.testid = "handler-row";
