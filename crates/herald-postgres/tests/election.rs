@@ -242,6 +242,21 @@ impl Drop for Reaper {
     }
 }
 
+/// Stores one due event of the `slow` handler, without notifying it.
+async fn emit_slow(store: &PgStore) -> NewEvent {
+    let e = NewEvent {
+        id: EventId::new(),
+        tenant: "acme".into(),
+        handler: "slow".into(),
+        payload: "{}".into(),
+        run_at: Millis::now(),
+        max_attempts: 5,
+        idempotency_key: None,
+    };
+    store.emit(std::slice::from_ref(&e)).await.unwrap();
+    e
+}
+
 /// The sweep calls logged so far: (worker, ms).
 fn sweeps(log: &Path) -> Vec<(String, i64)> {
     std::fs::read_to_string(log)
@@ -340,16 +355,7 @@ async fn a_killed_workers_event_runs_again_in_another_process_within_a_lease() {
     std::fs::create_dir_all(&dir).unwrap();
     let log = dir.join("sweeps.log");
     let marker = log.with_extension("started");
-    let e = NewEvent {
-        id: EventId::new(),
-        tenant: "acme".into(),
-        handler: "slow".into(),
-        payload: "{}".into(),
-        run_at: Millis::now(),
-        max_attempts: 5,
-        idempotency_key: None,
-    };
-    store.emit(std::slice::from_ref(&e)).await.unwrap();
+    let e = emit_slow(&store).await;
     // Nothing was published: the child's start-up sweep notifies it.
     let mut a = Reaper(Some(spawn_child(schema.name(), "A", &log)));
     let start = Instant::now();
@@ -435,16 +441,7 @@ async fn a_killed_leaders_event_is_rescued_by_a_follower_within_a_lease_and_a_he
     let log = dir.join("sweeps.log");
     let marker = log.with_extension("started");
     let slow_sweeps = Duration::from_secs(10);
-    let e = NewEvent {
-        id: EventId::new(),
-        tenant: "acme".into(),
-        handler: "slow".into(),
-        payload: "{}".into(),
-        run_at: Millis::now(),
-        max_attempts: 5,
-        idempotency_key: None,
-    };
-    store.emit(std::slice::from_ref(&e)).await.unwrap();
+    let e = emit_slow(&store).await;
     // Nothing was published: A's start-up sweep notifies it.
     let mut a = Reaper(Some(spawn_child_sweeping(
         schema.name(),
