@@ -100,6 +100,17 @@ impl Rig {
         .await;
     }
 
+    /// Waits until the worker's counters say `what`: a run's store write
+    /// lands before the counters move, so a test that saw the store change
+    /// waits for them.
+    async fn counted(&self, w: &Worker, what: &str, f: impl Fn(&crate::StatsSnapshot) -> bool) {
+        eventually(what, SOON, || {
+            let ok = f(&w.stats());
+            async move { ok }
+        })
+        .await;
+    }
+
     async fn emit(&self) -> EventId {
         self.emit_to(H, EmitOptions::default()).await
     }
@@ -773,6 +784,8 @@ pub async fn failures_retry_with_backoff_then_succeed(store: Arc<dyn Store>) {
     let id = rig.emit_to("flaky", EmitOptions::default()).await;
     rig.until_gone(id).await;
     assert_eq!(rig.ledger.attempts_of(id), vec![1, 2, 3]);
+    rig.counted(&w, "the run is counted done", |s| s.done == 1)
+        .await;
     let s = w.stats();
     assert_eq!((s.retried, s.done, s.dead), (2, 1, 0));
     w.shutdown(SOON).await;
