@@ -131,7 +131,11 @@ async fn report(store: &dyn Store, args: &Args, old: impl AsyncFnMut()) {
     let estimated = rows.iter().filter(|r| r.estimated).count();
     let exact = time(args.repeat, || async {
         store
-            .counts(&CountsQuery::all().exact_up_to(u64::MAX))
+            .counts(
+                &CountsQuery::all()
+                    .exact_up_to(u64::MAX)
+                    .split_up_to(u64::MAX),
+            )
             .await
             .expect("counts");
     })

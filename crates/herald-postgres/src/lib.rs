@@ -1284,6 +1284,7 @@ impl Store for PgStore {
         .await
         .ctx(OP)?;
         let cap = i64::try_from(query.exact_up_to.max(1)).unwrap_or(i64::MAX);
+        let split = i64::try_from(query.split_up_to).unwrap_or(i64::MAX);
         let mut out = Vec::with_capacity(pairs.len());
         for (tenant, handler) in pairs {
             if query.handler.as_ref().is_some_and(|h| *h != handler) {
@@ -1293,6 +1294,7 @@ impl Store for PgStore {
                 .bind(&tenant)
                 .bind(&handler)
                 .bind(cap)
+                .bind(split)
                 .fetch_one(&self.pool)
                 .await
                 .ctx(OP)?;

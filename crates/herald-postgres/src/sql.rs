@@ -236,7 +236,7 @@ const COUNT_PAIRS_OF: &str = "WITH RECURSIVE p AS ( \
 /// One pair's counts: per state (pending, dead, done), at most `$3`
 /// entries of events_by_handler counted, with the first, the `$3`-th and
 /// the last id for the extrapolation beyond; whether a rule holds it; and
-/// up to `$3` of its pending events split into running and delayed (by the
+/// up to `$4` of its pending events split into running and delayed (by the
 /// database's clock). `$1` tenant, `$2` handler.
 const COUNT_PAIR: &str = "SELECT p0.*, p1.*, p2.*, \
        EXISTS (SELECT 1 FROM {s}.rules WHERE tenant = $1 AND handler = $2), \
@@ -249,7 +249,7 @@ const COUNT_PAIR: &str = "SELECT p0.*, p1.*, p2.*, \
            FROM (SELECT {nowexpr} AS now) AS c, \
                 LATERAL (SELECT run_at, lease_expires_at FROM {s}.events \
                          WHERE tenant = $1 AND handler = $2 AND state = 0 \
-                         ORDER BY id LIMIT $3) AS s \
+                         ORDER BY id LIMIT $4) AS s \
           ) AS x";
 
 /// One state's capped count in [`COUNT_PAIR`], one read of at most `$3`

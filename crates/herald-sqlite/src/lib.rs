@@ -910,6 +910,7 @@ impl Store for SqliteStore {
                 )
                 .ctx(OP)?;
             let cap = i64::try_from(query.exact_up_to.max(1)).unwrap_or(i64::MAX);
+            let split = i64::try_from(query.split_up_to).unwrap_or(i64::MAX);
             let mut out = Vec::with_capacity(pairs.len());
             for (tenant, handler) in pairs {
                 let mut by_state = [CappedCount::default(); 3];
@@ -937,11 +938,11 @@ impl Store for SqliteStore {
                 let is_held: bool = held
                     .query_row(params![tenant, handler], |r| r.get(0))
                     .ctx(OP)?;
-                let seen = if is_held || by_state[0].counted == 0 {
+                let seen = if is_held || by_state[0].counted == 0 || split == 0 {
                     PendingSample::default()
                 } else {
                     sample
-                        .query_row(params![tenant, handler, now.0, cap], |r| {
+                        .query_row(params![tenant, handler, now.0, split], |r| {
                             Ok(PendingSample {
                                 read: r.get::<_, i64>(0)?.max(0) as u64,
                                 running: r.get::<_, i64>(1)?.max(0) as u64,

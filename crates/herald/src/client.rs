@@ -457,10 +457,7 @@ impl Client {
     /// reads every pending event: on big tables prefer
     /// [`Client::handler_counts`]). Kept for compatibility.
     pub async fn counts(&self) -> Result<Vec<Count>, ClientError> {
-        let rows = self
-            .store
-            .counts(&CountsQuery::all().exact_up_to(u64::MAX))
-            .await?;
+        let rows = self.store.counts(&CountsQuery::totals()).await?;
         let mut out = Vec::new();
         for r in rows {
             for (state, count) in [

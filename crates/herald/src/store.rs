@@ -210,12 +210,17 @@ pub struct CountsQuery {
     /// Only this handler.
     pub handler: Option<String>,
     /// How many events of one `(tenant, handler)` and state are counted
-    /// exactly (an index read of at most this many), and how many pending
-    /// ones are read to split them into waiting, running and delayed;
-    /// beyond it numbers are extrapolated and the row says `estimated`. The
-    /// cost of a call is bounded by handlers × this, however many events
-    /// are stored. Default [`CountsQuery::DEFAULT_EXACT_UP_TO`].
+    /// exactly (an index read of at most this many); beyond it the total is
+    /// extrapolated and the row says `estimated`. The cost of a call is
+    /// bounded by handlers × this, however many events are stored.
+    /// Default [`CountsQuery::DEFAULT_EXACT_UP_TO`].
     pub exact_up_to: u64,
+    /// How many pending events of one `(tenant, handler)` are read (table
+    /// rows, not only the index) to split them into waiting, running and
+    /// delayed; beyond it the split is scaled and the row says `estimated`.
+    /// 0 reads none: every pending event counts as waiting, for a caller
+    /// that wants totals only. Default [`CountsQuery::DEFAULT_EXACT_UP_TO`].
+    pub split_up_to: u64,
 }
 
 impl CountsQuery {
@@ -228,7 +233,24 @@ impl CountsQuery {
             tenant: None,
             handler: None,
             exact_up_to: Self::DEFAULT_EXACT_UP_TO,
+            split_up_to: Self::DEFAULT_EXACT_UP_TO,
         }
+    }
+
+    /// Every tenant and handler, each state counted exactly, without the
+    /// split of pending events (reads the whole index, no table rows).
+    pub fn totals() -> Self {
+        CountsQuery {
+            exact_up_to: u64::MAX,
+            split_up_to: 0,
+            ..Self::all()
+        }
+    }
+
+    /// Reads up to `n` pending events per handler to split them.
+    pub fn split_up_to(mut self, n: u64) -> Self {
+        self.split_up_to = n;
+        self
     }
 
     /// Only `tenant`.
@@ -360,6 +382,10 @@ impl HandlerCounts {
         }
         let (running, delayed) = if sample.read >= pending {
             (sample.running, sample.delayed)
+        } else if sample.read == 0 {
+            // Not split (`split_up_to` 0): all counted as waiting.
+            row.estimated = true;
+            (0, 0)
         } else {
             row.estimated = true;
             let scale = |n: u64| (n as f64 * pending as f64 / sample.read.max(1) as f64).round();

@@ -1868,6 +1868,15 @@ pub async fn counts_beyond_the_cap_are_estimated_and_add_up(store: Arc<dyn Store
         "the split adds up: {r:?}"
     );
     assert_eq!((r.held, r.dead, r.done), (0, 1, 0), "under the cap, exact");
+    // Totals only: exact, not split (every pending event counts as waiting).
+    let totals = store.counts(&CountsQuery::totals()).await.expect("counts");
+    assert_eq!(
+        totals,
+        vec![HandlerCounts {
+            estimated: true,
+            ..counts_row("a", "h", [29, 0, 0, 0, 1, 0])
+        }]
+    );
 }
 
 /// Counts by tenant, handler and state, ordered by tenant, handler and
