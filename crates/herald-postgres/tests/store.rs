@@ -308,7 +308,7 @@ async fn emit_of_many_is_one_batch_and_names_survive_exactly() {
         .iter()
         .zip(&batch)
         .all(|(o, e)| *o == Emitted::Created(e.id)));
-    let counts = f.store.counts(&herald::CountsQuery::all()).await.unwrap();
+    let counts = f.store.counts(&herald::CountsQuery::totals()).await.unwrap();
     assert_eq!(counts.len(), 1);
     assert_eq!((counts[0].tenant.as_str(), counts[0].total()), (odd, 1000));
     assert!(f.store.emit(&[]).await.unwrap().is_empty());
@@ -349,7 +349,7 @@ async fn concurrent_emits_of_one_key_store_one_event() {
         assert!(results.iter().all(|r| r.id() == created[0]), "{results:?}");
     }
     assert_eq!(
-        f.store.counts(&herald::CountsQuery::all()).await.unwrap()[0].total(),
+        f.store.counts(&herald::CountsQuery::totals()).await.unwrap()[0].total(),
         5
     );
 }
@@ -372,7 +372,7 @@ async fn emit_in_a_rolled_back_transaction_stores_nothing() {
     assert_eq!(f.store.get(e.id).await.unwrap(), None);
     assert!(f
         .store
-        .counts(&herald::CountsQuery::all())
+        .counts(&herald::CountsQuery::totals())
         .await
         .unwrap()
         .is_empty());
@@ -598,7 +598,7 @@ async fn heartbeats_and_settles_of_the_same_runs_do_not_deadlock() {
     assert_eq!(settled, 300);
     assert!(f
         .store
-        .counts(&herald::CountsQuery::all())
+        .counts(&herald::CountsQuery::totals())
         .await
         .unwrap()
         .is_empty());

@@ -81,7 +81,7 @@ fn request(n: usize) -> EmitRequest {
 
 async fn stored(store: &PgStore) -> u64 {
     store
-        .counts(&herald::CountsQuery::all())
+        .counts(&herald::CountsQuery::totals())
         .await
         .unwrap()
         .iter()
