@@ -308,7 +308,11 @@ async fn emit_of_many_is_one_batch_and_names_survive_exactly() {
         .iter()
         .zip(&batch)
         .all(|(o, e)| *o == Emitted::Created(e.id)));
-    let counts = f.store.counts(&herald::CountsQuery::totals()).await.unwrap();
+    let counts = f
+        .store
+        .counts(&herald::CountsQuery::totals())
+        .await
+        .unwrap();
     assert_eq!(counts.len(), 1);
     assert_eq!((counts[0].tenant.as_str(), counts[0].total()), (odd, 1000));
     assert!(f.store.emit(&[]).await.unwrap().is_empty());
@@ -349,7 +353,11 @@ async fn concurrent_emits_of_one_key_store_one_event() {
         assert!(results.iter().all(|r| r.id() == created[0]), "{results:?}");
     }
     assert_eq!(
-        f.store.counts(&herald::CountsQuery::totals()).await.unwrap()[0].total(),
+        f.store
+            .counts(&herald::CountsQuery::totals())
+            .await
+            .unwrap()[0]
+            .total(),
         5
     );
 }

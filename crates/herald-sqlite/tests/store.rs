@@ -329,7 +329,11 @@ async fn two_connections_write_concurrently_without_errors() {
     for t in tasks {
         t.await.unwrap();
     }
-    let counts = f.store.counts(&herald::CountsQuery::totals()).await.unwrap();
+    let counts = f
+        .store
+        .counts(&herald::CountsQuery::totals())
+        .await
+        .unwrap();
     assert_eq!(counts.len(), 1);
     assert_eq!(counts[0].total(), 2 * 50 * 20);
 }
