@@ -131,11 +131,10 @@ async fn routines(conn: &mut PgConnection, schema: &str, q: &str, sql: &str) -> 
         .filter(|r| sql.contains(&format!("{q}.{}(", r.get::<String, _>(0))))
         .map(|r| {
             let src: String = r.get(1);
-            // plpgsql bodies are `BEGIN RETURN QUERY <statement>; END`.
-            let body = match src.split_once("RETURN QUERY") {
-                Some((_, rest)) => rest.rsplit_once(';').expect("a statement").0.to_string(),
-                None => src.trim().trim_end_matches(';').to_string(),
-            };
+            // plpgsql bodies are `BEGIN [RETURN QUERY] <statement>; …`.
+            let rest = src.split_once("BEGIN").map_or(src.as_str(), |(_, r)| r);
+            let rest = rest.trim_start().trim_start_matches("RETURN QUERY");
+            let body = rest.split(';').next().unwrap_or(rest).trim().to_string();
             Routine {
                 name: r.get(0),
                 body,
@@ -275,6 +274,9 @@ async fn hot_statements_stay_bounded_by_the_batch_under_any_statistics() {
                     checked += 1;
                     let mut v = Vec::new();
                     violations(&plan, &mut v);
+                    if !v.is_empty() {
+                        eprintln!("{what} [{how}, {mode}]: {plan:#}");
+                    }
                     for v in v {
                         wrong.push(format!("{what} [{how}, {mode}]: {v}"));
                     }

@@ -115,7 +115,7 @@ async fn pool() -> Option<sqlx::PgPool> {
     }
     match PgPoolOptions::new()
         .max_connections(4)
-        .connect_with(herald_postgres::tune(testing::connect_options()))
+        .connect_with(testing::connect_options())
         .await
     {
         Ok(p) => Some(p),
