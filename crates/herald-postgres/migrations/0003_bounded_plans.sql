@@ -22,34 +22,16 @@
 -- events_by_handler on `state = 0` would otherwise look cheaper than
 -- fetching the batch, and read every pending event.
 --
--- The claim's rule check is `NOT EXISTS (… OFFSET 0)`, a probe of
--- rules_pkey per claimed row: as an anti join, an order by (tenant, handler)
--- would be worth having, and a full scan of events_by_handler could then
--- look cheap.
+-- The claim itself stays a plain statement (sql.rs): a single-table update
+-- by `id = ANY`, with the same care for other indexes and its rule check a
+-- per-row probe of rules_pkey (`NOT EXISTS (… OFFSET 0)`: as an anti join,
+-- an order by (tenant, handler) would be worth having, and a full scan of
+-- events_by_handler could then look cheap). A function call costs more than
+-- a claim of a few rows.
 --
 -- plpgsql keeps each function's plan for the session; the bodies are
 -- `BEGIN RETURN QUERY <statement>; END` with positional parameters, so that
 -- tests/plans.rs can EXPLAIN the statement itself.
-
-CREATE FUNCTION claim(uuid, bigint, uuid[], text[]) RETURNS SETOF events
-LANGUAGE plpgsql VOLATILE
-SET enable_seqscan = off SET enable_bitmapscan = off
-SET enable_hashjoin = off SET enable_mergejoin = off
-SET search_path FROM CURRENT
-AS $$BEGIN RETURN QUERY UPDATE events AS e
-     SET attempt = e.attempt + 1, lease_token = $1,
-         lease_expires_at = (SELECT floor(date_part('epoch', now()) * 1000)::bigint) + $2,
-         updated_at = (SELECT floor(date_part('epoch', now()) * 1000)::bigint)
-     WHERE e.id = ANY($3)
-       AND (e.state + 0) = 0
-       AND e.run_at <= (SELECT floor(date_part('epoch', now()) * 1000)::bigint)
-       AND (e.lease_expires_at IS NULL
-            OR e.lease_expires_at <= (SELECT floor(date_part('epoch', now()) * 1000)::bigint))
-       AND e.attempt < e.max_attempts
-       AND (e.handler || '') = ANY($4)
-       AND NOT EXISTS (SELECT 1 FROM rules AS r
-                       WHERE r.tenant = e.tenant AND r.handler = e.handler OFFSET 0)
-     RETURNING e.*; END$$;
 
 CREATE FUNCTION inspect(uuid[])
 RETURNS TABLE (now bigint, id uuid, tenant text, handler text, payload text, state smallint,
@@ -271,3 +253,23 @@ AS $$DECLARE n bigint; BEGIN UPDATE events AS e SET notified_at = least(e.run_at
                             AND x.state = 0 AND x.notified_at = 9223372036854775807
                             ORDER BY x.id LIMIT $3))
        AND (e.state + 0) = 0; GET DIAGNOSTICS n = ROW_COUNT; RETURN n; END$$;
+
+-- Autovacuum for events by row counts, not fractions of the table, and
+-- unthrottled: every finished event leaves a dead row (a delete, or an
+-- archive's update), so at thousands of events a second the server's
+-- defaults (20% of the table, 2 ms pauses every 200 cost units) let dead
+-- rows pile up for minutes and then take a long, throttled pass over a
+-- bloated table. With these, each worker visit (every autovacuum_naptime)
+-- cleans what the last minute left, at full speed; ANALYZE follows the
+-- same rhythm, which the plans above no longer care about. What bounds the
+-- dead rows is then naptime × rate (ADR 0007).
+ALTER TABLE events SET (
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 10000,
+    autovacuum_vacuum_insert_scale_factor = 0,
+    autovacuum_vacuum_insert_threshold = 10000,
+    autovacuum_analyze_scale_factor = 0,
+    autovacuum_analyze_threshold = 50000,
+    autovacuum_vacuum_cost_delay = 0,
+    autovacuum_vacuum_cost_limit = 10000
+);
