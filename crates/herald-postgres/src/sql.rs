@@ -15,35 +15,16 @@ pub(crate) const NOW_EXPR: &str = "floor(date_part('epoch', now()) * 1000)::bigi
 
 /// Every hot statement reaches `events` only through the batch's ids on
 /// `events_pkey`, so that its plan stays bounded by the batch whatever the
-/// statistics say (`tests/plans.rs` checks it). Those that join (settle,
-/// renew, the key look-up) call the schema's functions (migration 3,
-/// `migrations/0003_bounded_plans.sql`), which carry their own planner
-/// settings. The claim is a plain statement: a function call costs more
-/// than the claim itself on small batches, and a single-table update by
-/// `id = ANY` has no join to turn around. No other index can serve it
-/// (`(e.state + 0)`, `(e.handler || '')`, and the rule check a per-row probe
-/// of `rules_pkey` through `OFFSET 0`), so its plans are an index or bitmap
-/// scan of `events_pkey` by the batch's ids. A bitmap scan locks rows in
-/// physical order rather than id order; a deadlock with another writer of
-/// the same rows is detected by the server and the claim tried again.
+/// statistics say (`tests/plans.rs` checks it). They call the schema's
+/// functions (migration 3, `migrations/0003_bounded_plans.sql`), which
+/// carry their own planner settings; emit, an insert, needs none.
 ///
 /// The happy path in one statement: for each id, take the lease if the event
 /// is pending, due, unleased or expired (by the database's clock), has
 /// attempts left, has a handler in `$4`, and no rule matches. Changes only
 /// columns that no index covers, so it is a HOT update when the page has
 /// room. `$1` token, `$2` lease in ms, `$3` ids (sorted), `$4` handlers.
-const CLAIM: &str = "UPDATE {s}.events AS e \
-     SET attempt = e.attempt + 1, lease_token = $1, lease_expires_at = {now} + $2, \
-         updated_at = {now} \
-     WHERE e.id = ANY($3) \
-       AND (e.state + 0) = 0 \
-       AND e.run_at <= {now} \
-       AND (e.lease_expires_at IS NULL OR e.lease_expires_at <= {now}) \
-       AND e.attempt < e.max_attempts \
-       AND (e.handler || '') = ANY($4) \
-       AND NOT EXISTS (SELECT 1 FROM {s}.rules AS r \
-                       WHERE r.tenant = e.tenant AND r.handler = e.handler OFFSET 0) \
-     RETURNING {cols}";
+const CLAIM: &str = "SELECT {cols} FROM {s}.claim($1, $2, $3, $4) AS e";
 
 /// Events by id with their rules, and the clock (one row with a NULL event
 /// when none is found). `$1` ids.
