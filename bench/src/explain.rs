@@ -1,9 +1,13 @@
 //! The plans of the PostgreSQL store's statements on a million stored
 //! events: `EXPLAIN (ANALYZE, BUFFERS)` of each hot statement (claim,
 //! inspect, settle delete/release/bury, renew) and each sweep and re-notify
-//! statement, as the store sends them (`PgStore::statements`), with the
-//! store's connection settings (`herald_postgres::tune`) and generic plans
-//! (what a prepared statement settles on after its first executions).
+//! statement, as the store sends them (`PgStore::statements`), with generic
+//! plans (what a prepared statement settles on after its first executions).
+//! A statement that calls one of herald's functions (the hot ones: migration
+//! 3) is shown by the plan of the function's statement, under the
+//! function's own planner settings, which is what runs. `--reltuples N`
+//! first sets the table's and its indexes' `reltuples` to N (deliberately
+//! wrong statistics; needs superuser).
 //!
 //! `bench/pg-explain.sh [URL]` runs it. Each statement runs inside a
 //! transaction that is rolled back, so each sees the same data set:
@@ -36,10 +40,10 @@ struct Args {
     /// Keep the schema afterwards.
     #[arg(long)]
     keep: bool,
-    /// Plan without the store's connection settings (`herald_postgres::tune`),
-    /// to compare.
+    /// Set `reltuples` of events and its indexes to this before planning
+    /// (wrong statistics: 1, 1e9).
     #[arg(long)]
-    untuned: bool,
+    reltuples: Option<f64>,
     /// Events in the batches (claim, inspect, settle, renew).
     #[arg(long, default_value_t = 512)]
     batch: usize,
@@ -143,22 +147,30 @@ async fn main() {
     .await
     .unwrap();
 
-    // The store's own statements and connection settings.
+    // The store's own statements.
     let pool = PgPoolOptions::new()
         .max_connections(1)
-        .connect_with(herald_postgres::tune(options.clone()))
+        .connect_with(options.clone())
         .await
         .expect("connect the store");
     let store = PgStore::from_pool(pool, &args.schema)
         .await
         .expect("the schema");
     let statements: HashMap<&str, String> = store.statements().into_iter().collect();
-    let session = if args.untuned {
-        options
-    } else {
-        herald_postgres::tune(options)
-    };
-    let mut conn = PgConnection::connect_with(&session).await.expect("connect");
+    store.pool().close().await;
+    let mut conn = PgConnection::connect_with(&options).await.expect("connect");
+    if let Some(n) = args.reltuples {
+        sqlx::query(
+            "UPDATE pg_class SET reltuples = $2 WHERE oid IN \
+               (SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                WHERE n.nspname = $1 AND c.relname LIKE 'events%')",
+        )
+        .bind(&args.schema)
+        .bind(n as f32)
+        .execute(&mut conn)
+        .await
+        .expect("set reltuples (superuser)");
+    }
     conn.execute("SET plan_cache_mode = force_generic_plan")
         .await
         .unwrap();
@@ -266,16 +278,35 @@ async fn main() {
         "# {total} events in {quoted}.events ({size}); batch {}; \
          plan_cache_mode = force_generic_plan; {}\n",
         args.batch,
-        if args.untuned {
-            "default planner settings (--untuned)"
-        } else {
-            "herald_postgres::tune settings"
+        match args.reltuples {
+            Some(n) => format!("reltuples of events and its indexes set to {n}"),
+            None => "statistics from ANALYZE".to_string(),
         }
     );
     for (name, params) in cases {
         let sql = &statements[name];
+        let routine = routine(&mut conn, &args.schema, &quoted, sql).await;
         conn.execute("BEGIN").await.unwrap();
-        conn.execute(format!("PREPARE herald_{name} AS {sql}").as_str())
+        let prepare = match &routine {
+            Some(r) => {
+                for setting in &r.settings {
+                    let (k, v) = setting.split_once('=').expect("name=value");
+                    sqlx::query("SELECT set_config($1, $2, true)")
+                        .bind(k)
+                        .bind(v)
+                        .execute(&mut conn)
+                        .await
+                        .unwrap();
+                }
+                format!(
+                    "PREPARE herald_{name}({}) AS {}",
+                    r.types.join(", "),
+                    r.body
+                )
+            }
+            None => format!("PREPARE herald_{name} AS {sql}"),
+        };
+        conn.execute(prepare.as_str())
             .await
             .unwrap_or_else(|e| panic!("prepare {name}: {e}"));
         let exec = if params.is_empty() {
@@ -289,8 +320,23 @@ async fn main() {
                 .await
                 .unwrap_or_else(|e| panic!("explain {name}: {e}"));
         conn.execute("ROLLBACK").await.unwrap();
+        conn.execute(format!("DEALLOCATE herald_{name}").as_str())
+            .await
+            .unwrap();
         println!("## {name}\n");
         println!("```sql\n{}\n```\n", sql.replace(&quoted, "herald"));
+        if let Some(r) = &routine {
+            println!(
+                "`{}` runs, with {}:\n\n```sql\n{}\n```\n",
+                r.name,
+                r.settings.join(", "),
+                r.body
+                    .replace(&quoted, "herald")
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+        }
         println!("```\n{}\n```\n", plan.join("\n"));
     }
     if !args.keep {
@@ -299,4 +345,45 @@ async fn main() {
             .await
             .expect("drop the scratch schema");
     }
+}
+
+/// A herald function a statement calls: its statement (the plpgsql body is
+/// `BEGIN RETURN QUERY <statement>; END`), its settings, its parameter types.
+struct Routine {
+    name: String,
+    body: String,
+    settings: Vec<String>,
+    types: Vec<String>,
+}
+
+async fn routine(
+    conn: &mut PgConnection,
+    schema: &str,
+    quoted: &str,
+    sql: &str,
+) -> Option<Routine> {
+    let rows = sqlx::query(
+        "SELECT p.proname::text, p.prosrc, coalesce(p.proconfig, '{}'), \
+                ARRAY(SELECT format_type(t, NULL) FROM unnest(p.proargtypes) AS t) \
+         FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = $1",
+    )
+    .bind(schema)
+    .fetch_all(&mut *conn)
+    .await
+    .expect("the schema's functions");
+    rows.iter()
+        .find(|r| sql.contains(&format!("{quoted}.{}(", r.get::<String, _>(0))))
+        .map(|r| {
+            let src: String = r.get(1);
+            // plpgsql bodies are `BEGIN [RETURN QUERY] <statement>; …`.
+            let rest = src.split_once("BEGIN").map_or(src.as_str(), |(_, r)| r);
+            let rest = rest.trim_start().trim_start_matches("RETURN QUERY");
+            let body = rest.split(';').next().unwrap_or(rest).trim().to_string();
+            Routine {
+                name: r.get(0),
+                body,
+                settings: r.get(2),
+                types: r.get(3),
+            }
+        })
 }

@@ -44,7 +44,7 @@ async fn another_store(store: &PgStore) -> Arc<PgStore> {
     let pool = PgPoolOptions::new()
         .max_connections(8)
         .acquire_timeout(Duration::from_secs(10))
-        .connect_with(herald_postgres::tune(connect_options()))
+        .connect_with(connect_options())
         .await
         .expect("connect to PostgreSQL");
     Arc::new(

@@ -260,7 +260,7 @@ impl PgStore {
     ) -> StoreResult<PgStore> {
         let location = describe(&options);
         let pool = pool
-            .connect_with(tune(options))
+            .connect_with(options)
             .await
             .map_err(|e| open_error(&location, &e))?;
         Self::from_pool(pool, schema).await
@@ -268,9 +268,8 @@ impl PgStore {
 
     /// Uses an existing pool (for example the application's own, so that
     /// [`PgStore::emit_in`] shares its transactions). Checks the schema like
-    /// [`PgStore::connect`]. Build the pool's options with [`tune`], or
-    /// concurrent batches may now and then deadlock (PostgreSQL then cancels
-    /// one statement after `deadlock_timeout`, and the store runs it again).
+    /// [`PgStore::connect`]. herald sets nothing on the pool's connections,
+    /// so the application's own transactions run as configured.
     pub async fn from_pool(pool: PgPool, schema: &str) -> StoreResult<PgStore> {
         let store = Self::from_pool_unchecked(pool, schema)?;
         store.check_schema().await?;
@@ -757,14 +756,14 @@ impl PgStore {
             .await
             .ctx(OP)?;
         for (tenant, handler) in orphans {
-            let n = sqlx::query(&self.sql.unpark)
+            let n: i64 = sqlx::query_scalar(&self.sql.unpark)
                 .bind(&tenant)
                 .bind(&handler)
                 .bind(limit_i64(cap))
-                .execute(&mut *conn)
+                .fetch_one(&mut *conn)
                 .await
-                .ctx(OP)?
-                .rows_affected();
+                .ctx(OP)?;
+            let n = n.max(0) as u64;
             if n > 0 {
                 tracing::info!(
                     tenant,
@@ -1015,27 +1014,6 @@ struct Walk<'a> {
     park_cap: usize,
     parked: &'a mut usize,
     out: &'a mut Vec<Scheduled>,
-}
-
-/// Connection settings herald's statements rely on: the planner walks
-/// indexes and joins by nested loop, never a sequential or bitmap scan, a
-/// hash or a merge join.
-///
-/// Every statement that writes several events (claim, settle, renew,
-/// re-notify, the sweep's stamps) takes their ids sorted, and with these
-/// plans it locks the rows in id order, so concurrent batches that share
-/// rows (a heartbeat and a settle of the same runs; an unpause re-notifying
-/// events that workers are claiming) wait for each other instead of
-/// deadlocking. Whatever the table's size, each of these statements is a
-/// primary-key lookup per id anyway (docs/postgres.md shows the plans); on
-/// a small table the planner would otherwise pick a scan in physical order.
-pub fn tune(options: PgConnectOptions) -> PgConnectOptions {
-    options.options([
-        ("enable_seqscan", "off"),
-        ("enable_bitmapscan", "off"),
-        ("enable_hashjoin", "off"),
-        ("enable_mergejoin", "off"),
-    ])
 }
 
 /// Where a pool connects, for messages (no password).

@@ -10,6 +10,7 @@ use sqlx::{Connection, Executor, PgConnection, Row};
 const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0001_init.sql"),
     include_str!("../migrations/0002_error_history.sql"),
+    include_str!("../migrations/0003_bounded_plans.sql"),
 ];
 
 /// The newest schema version this build knows.

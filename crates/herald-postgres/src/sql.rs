@@ -13,81 +13,41 @@ use crate::rows::EVENT_COLUMNS;
 /// cheaper and exact to the microsecond for this century.
 pub(crate) const NOW_EXPR: &str = "floor(date_part('epoch', now()) * 1000)::bigint";
 
+/// Every hot statement reaches `events` only through the batch's ids on
+/// `events_pkey`, so that its plan stays bounded by the batch whatever the
+/// statistics say (`tests/plans.rs` checks it). They call the schema's
+/// functions (migration 3, `migrations/0003_bounded_plans.sql`), which
+/// carry their own planner settings; emit, an insert, needs none.
+///
 /// The happy path in one statement: for each id, take the lease if the event
 /// is pending, due, unleased or expired (by the database's clock), has
 /// attempts left, has a handler in `$4`, and no rule matches. Changes only
 /// columns that no index covers, so it is a HOT update when the page has
-/// room. `$1` token, `$2` lease in ms, `$3` ids, `$4` handlers.
-const CLAIM: &str = "UPDATE {s}.events AS e \
-     SET attempt = e.attempt + 1, lease_token = $1, lease_expires_at = {now} + $2, \
-         updated_at = {now} \
-     WHERE e.id = ANY($3) \
-       AND e.state = 0 \
-       AND e.run_at <= {now} \
-       AND (e.lease_expires_at IS NULL OR e.lease_expires_at <= {now}) \
-       AND e.attempt < e.max_attempts \
-       AND e.handler = ANY($4) \
-       AND NOT EXISTS (SELECT 1 FROM {s}.rules AS r \
-                       WHERE r.tenant = e.tenant AND r.handler = e.handler) \
-     RETURNING {cols}";
+/// room. `$1` token, `$2` lease in ms, `$3` ids (sorted), `$4` handlers.
+const CLAIM: &str = "SELECT {cols} FROM {s}.claim($1, $2, $3, $4) AS e";
 
 /// Events by id with their rules, and the clock (one row with a NULL event
 /// when none is found). `$1` ids.
-const INSPECT: &str = "SELECT c.now, {cols}, \
-       EXISTS (SELECT 1 FROM {s}.rules AS r WHERE r.tenant = e.tenant \
-               AND r.handler = e.handler AND r.kind = 'block'), \
-       EXISTS (SELECT 1 FROM {s}.rules AS r WHERE r.tenant = e.tenant \
-               AND r.handler = e.handler AND r.kind = 'pause') \
-     FROM (SELECT {nowexpr} AS now) AS c \
-     LEFT JOIN {s}.events AS e ON e.id = ANY($1)";
+const INSPECT: &str = "SELECT * FROM {s}.inspect($1)";
 
 /// The settle statements share their fence: the event is pending and its
 /// lease token is the one given (`IS NOT DISTINCT FROM`, so NULL fences on
 /// "no lease"). Each returns the batch positions (`ord`) whose fence held.
-/// `$1` ids, `$2` tokens, `$3` positions.
-const SETTLE_DELETE: &str = "DELETE FROM {s}.events AS e \
-     USING unnest($1::uuid[], $2::uuid[], $3::int4[]) AS s(id, token, ord) \
-     WHERE e.id = s.id AND e.lease_token IS NOT DISTINCT FROM s.token AND e.state = 0 \
-     RETURNING s.ord";
+/// `$1` ids (sorted), `$2` tokens, `$3` positions.
+const SETTLE_DELETE: &str = "SELECT * FROM {s}.settle_delete($1, $2, $3)";
 
-const SETTLE_ARCHIVE: &str = "UPDATE {s}.events AS e \
-     SET state = 2, finished_at = {now}, updated_at = {now}, \
-         lease_token = NULL, lease_expires_at = NULL \
-     FROM unnest($1::uuid[], $2::uuid[], $3::int4[]) AS s(id, token, ord) \
-     WHERE e.id = s.id AND e.lease_token IS NOT DISTINCT FROM s.token AND e.state = 0 \
-     RETURNING s.ord";
+const SETTLE_ARCHIVE: &str = "SELECT * FROM {s}.settle_archive($1, $2, $3)";
 
 /// `$4` wait in ms, `$5` 1 to give the attempt back, `$6` error (NULL keeps
 /// the last one).
-const SETTLE_RELEASE: &str = "UPDATE {s}.events AS e \
-     SET lease_token = NULL, lease_expires_at = NULL, \
-         run_at = {now} + s.wait, notified_at = {now} + s.wait, \
-         attempt = greatest(e.attempt - s.give_back, 0), \
-         last_error = coalesce(s.error, e.last_error), updated_at = {now}, \
-         errors = CASE WHEN s.error IS NULL THEN e.errors ELSE coalesce(e.errors, '[]'::jsonb) \
-             || jsonb_build_array(jsonb_build_object('attempt', e.attempt, 'at', {now}, 'error', s.error)) END \
-     FROM unnest($1::uuid[], $2::uuid[], $3::int4[], $4::int8[], $5::int4[], $6::text[]) \
-          AS s(id, token, ord, wait, give_back, error) \
-     WHERE e.id = s.id AND e.lease_token IS NOT DISTINCT FROM s.token AND e.state = 0 \
-     RETURNING s.ord";
+const SETTLE_RELEASE: &str = "SELECT * FROM {s}.settle_release($1, $2, $3, $4, $5, $6)";
 
 /// `$4` error.
-const SETTLE_BURY: &str = "UPDATE {s}.events AS e \
-     SET state = 1, finished_at = {now}, updated_at = {now}, last_error = s.error, \
-         lease_token = NULL, lease_expires_at = NULL, \
-         errors = coalesce(e.errors, '[]'::jsonb) \
-             || jsonb_build_array(jsonb_build_object('attempt', e.attempt, 'at', {now}, 'error', s.error)) \
-     FROM unnest($1::uuid[], $2::uuid[], $3::int4[], $4::text[]) AS s(id, token, ord, error) \
-     WHERE e.id = s.id AND e.lease_token IS NOT DISTINCT FROM s.token AND e.state = 0 \
-     RETURNING s.ord";
+const SETTLE_BURY: &str = "SELECT * FROM {s}.settle_bury($1, $2, $3, $4)";
 
 /// Extends held leases. `$1` lease in ms, `$2` ids, `$3` tokens, `$4`
 /// positions. Another HOT update.
-const RENEW: &str = "UPDATE {s}.events AS e \
-     SET lease_expires_at = {now} + $1 \
-     FROM unnest($2::uuid[], $3::uuid[], $4::int4[]) AS s(id, token, ord) \
-     WHERE e.id = s.id AND e.lease_token = s.token AND e.state = 0 \
-     RETURNING s.ord";
+const RENEW: &str = "SELECT * FROM {s}.renew($1, $2, $3, $4)";
 
 /// New events; conflicts (an id already stored, or a live event with the
 /// same idempotency key) insert nothing. `notified_at` is `run_at` (the
@@ -103,27 +63,21 @@ const EMIT: &str = "INSERT INTO {s}.events AS e \
      ON CONFLICT DO NOTHING \
      RETURNING e.id";
 
-/// The live events holding idempotency keys. `$4` positions.
-const EXISTING_KEYS: &str = "SELECT k.ord, e.id \
-     FROM unnest($1::text[], $2::text[], $3::text[], $4::int4[]) AS k(tenant, handler, key, ord) \
-     JOIN {s}.events AS e ON e.tenant = k.tenant AND e.handler = k.handler \
-      AND e.idempotency_key = k.key AND e.state = 0";
+/// The live events holding idempotency keys, one index probe per key. `$4`
+/// positions.
+const EXISTING_KEYS: &str = "SELECT * FROM {s}.existing_keys($1, $2, $3, $4)";
 
 const EXISTING_IDS: &str = "SELECT id FROM {s}.events WHERE id = ANY($1)";
 
+/// The statements below that touch events call the schema's functions too
+/// (migration 3), for the same reasons: bounded plans, rows taken in id
+/// order.
+///
 /// One page of a handler's pending events, stamped notified: `$1` tenant,
 /// `$2` handler, `$3` page size, `$4` the cursor (the `_AFTER` form).
-const RENOTIFY: &str = "UPDATE {s}.events AS e SET notified_at = greatest(e.run_at, {now}) \
-     FROM (SELECT id FROM {s}.events WHERE tenant = $1 AND handler = $2 AND state = 0 \
-           ORDER BY id LIMIT $3) AS p \
-     WHERE e.id = p.id AND e.state = 0 \
-     RETURNING e.id, e.run_at, {now}";
+const RENOTIFY: &str = "SELECT * FROM {s}.renotify($1, $2, $3)";
 
-const RENOTIFY_AFTER: &str = "UPDATE {s}.events AS e SET notified_at = greatest(e.run_at, {now}) \
-     FROM (SELECT id FROM {s}.events WHERE tenant = $1 AND handler = $2 AND state = 0 \
-             AND id > $4 ORDER BY id LIMIT $3) AS p \
-     WHERE e.id = p.id AND e.state = 0 \
-     RETURNING e.id, e.run_at, {now}";
+const RENOTIFY_AFTER: &str = "SELECT * FROM {s}.renotify_after($1, $2, $3, $4)";
 
 /// The sweep's dead-worker source: pending, due events whose lease expired
 /// after their last notification. It walks `events_to_notify` over the
@@ -134,35 +88,17 @@ const RENOTIFY_AFTER: &str = "UPDATE {s}.events AS e SET notified_at = greatest(
 /// (just below it): the index scan starts at whichever lower bound the
 /// btree picks, and the row comparison alone would make it the index's
 /// start.
-const SWEEP_EXPIRED: &str = "SELECT e.id, e.tenant, e.handler, \
-       EXISTS (SELECT 1 FROM {s}.rules AS r WHERE r.tenant = e.tenant AND r.handler = e.handler), \
-       e.notified_at \
-     FROM {s}.events AS e \
-     WHERE e.state = 0 AND e.notified_at < 9223372036854775807 \
-       AND e.notified_at >= $2 AND e.notified_at < $1 \
-       AND (e.notified_at, e.id) > ($3, $4) \
-       AND e.lease_expires_at <= $1 AND e.notified_at < e.lease_expires_at \
-       AND e.run_at <= $1 \
-     ORDER BY e.notified_at, e.id LIMIT $5";
+const SWEEP_EXPIRED: &str = "SELECT * FROM {s}.sweep_expired($1, $2, $3, $4, $5)";
 
 /// The sweep's quiet source: pending, due events not notified since the
 /// cutoff, without a live lease. Same parameters.
-const SWEEP_QUIET: &str = "SELECT e.id, e.tenant, e.handler, \
-       EXISTS (SELECT 1 FROM {s}.rules AS r WHERE r.tenant = e.tenant AND r.handler = e.handler), \
-       e.notified_at \
-     FROM {s}.events AS e \
-     WHERE e.state = 0 AND e.notified_at < 9223372036854775807 \
-       AND e.notified_at < $2 \
-       AND (e.notified_at, e.id) > ($3, $4) \
-       AND e.run_at <= $1 AND (e.lease_expires_at IS NULL OR e.lease_expires_at <= $1) \
-     ORDER BY e.notified_at, e.id LIMIT $5";
+const SWEEP_QUIET: &str = "SELECT * FROM {s}.sweep_quiet($1, $2, $3, $4, $5)";
 
 /// Stamps returned events notified: `$1` now, `$2` ids.
-const STAMP: &str = "UPDATE {s}.events SET notified_at = $1 WHERE id = ANY($2) AND state = 0";
+const STAMP: &str = "SELECT {s}.sweep_stamp($1, $2)";
 
 /// Parks events held by a rule: `$1` ids.
-const PARK: &str =
-    "UPDATE {s}.events SET notified_at = 9223372036854775807 WHERE id = ANY($1) AND state = 0";
+const PARK: &str = "SELECT {s}.sweep_park($1)";
 
 const NOTE_PARKED: &str = "INSERT INTO {s}.parked (tenant, handler) \
      SELECT DISTINCT t, h FROM unnest($1::text[], $2::text[]) AS p(t, h) \
@@ -175,11 +111,7 @@ const ORPHANS: &str = "SELECT p.tenant, p.handler FROM {s}.parked AS p \
 /// Un-parks up to `$3` parked events of one handler, found through
 /// `events_parked` in id order and updated by primary key: `notified_at =
 /// run_at`, so the quiet source returns them.
-const UNPARK: &str = "UPDATE {s}.events SET notified_at = least(run_at, 9223372036854775806) \
-     WHERE id = ANY(ARRAY(SELECT id FROM {s}.events WHERE tenant = $1 AND handler = $2 \
-                          AND state = 0 AND notified_at = 9223372036854775807 \
-                          ORDER BY id LIMIT $3)) \
-       AND state = 0";
+const UNPARK: &str = "SELECT {s}.sweep_unpark($1, $2, $3)";
 
 const FORGET_PARKED: &str = "DELETE FROM {s}.parked WHERE tenant = $1 AND handler = $2";
 

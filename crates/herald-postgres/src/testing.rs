@@ -141,7 +141,7 @@ pub async fn fresh_schema_with(test: &str, pool: PgPoolOptions) -> Option<(PgSto
     }
     let pool = match pool
         .acquire_timeout(Duration::from_secs(10))
-        .connect_with(crate::tune(connect_options()))
+        .connect_with(connect_options())
         .await
     {
         Ok(p) => p,

@@ -115,7 +115,7 @@ async fn pool() -> Option<sqlx::PgPool> {
     }
     match PgPoolOptions::new()
         .max_connections(4)
-        .connect_with(herald_postgres::tune(testing::connect_options()))
+        .connect_with(testing::connect_options())
         .await
     {
         Ok(p) => Some(p),
@@ -170,6 +170,78 @@ async fn migrations_are_idempotent_and_concurrent_migrations_agree() {
     .await
     .unwrap();
     assert_eq!(version, SCHEMA_VERSION.to_string());
+}
+
+/// A schema at version 2 holding events (made from the first two migration
+/// files, as an older herald left it) is upgraded to version 3: its events
+/// are claimed, renewed and settled through the new functions, and events
+/// gets its per-table autovacuum settings.
+#[tokio::test]
+async fn a_version_2_schema_with_events_upgrades_and_its_events_run() {
+    let Some(pool) = pool().await else { return };
+    let name = TestSchema::random_name();
+    let _guard = TestSchema::adopt(&name);
+    let q = format!("\"{name}\"");
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::raw_sql(&format!(
+        "CREATE SCHEMA {q}; SET LOCAL search_path TO {q}, pg_catalog; {} {} \
+         INSERT INTO meta (key, value) VALUES ('schema_version', '2'); \
+         INSERT INTO events (id, run_at, notified_at, created_at, updated_at, max_attempts, \
+                             tenant, handler, payload) \
+         SELECT gen_random_uuid(), 0, 0, 0, 0, 3, 't', 'h', '{{}}' FROM generate_series(1, 10);",
+        include_str!("../migrations/0001_init.sql"),
+        include_str!("../migrations/0002_error_history.sql"),
+    ))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let store = PgStore::from_pool_unchecked(pool.clone(), &name).unwrap();
+    assert!(store.check_schema().await.is_err(), "version 2 is too old");
+    assert_eq!(store.migrate().await.unwrap(), (2, SCHEMA_VERSION));
+    let store = PgStore::from_pool(pool.clone(), &name).await.unwrap();
+    let ids: Vec<EventId> =
+        sqlx::query_scalar::<_, uuid::Uuid>(&format!("SELECT id FROM {q}.events ORDER BY id"))
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(EventId)
+            .collect();
+    assert_eq!(ids.len(), 10);
+    let token = LeaseToken::new();
+    let claimed = store
+        .claim(&ids, &handlers(&["h"]), token, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 10);
+    let leases: Vec<LeaseRef> = ids.iter().map(|&id| LeaseRef { id, token }).collect();
+    assert_eq!(
+        store.renew(&leases, Duration::from_secs(30)).await.unwrap(),
+        vec![true; 10]
+    );
+    let settles: Vec<Settle> = ids
+        .iter()
+        .map(|&id| Settle {
+            id,
+            token: Some(token),
+            finish: Finish::Delete,
+        })
+        .collect();
+    assert_eq!(store.settle(&settles).await.unwrap(), vec![true; 10]);
+    assert!(store.get(ids[0]).await.unwrap().is_none());
+    let options: Vec<String> = sqlx::query_scalar(
+        "SELECT unnest(c.reloptions) FROM pg_class c JOIN pg_namespace n \
+           ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = 'events'",
+    )
+    .bind(&name)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(
+        options.contains(&"autovacuum_vacuum_cost_delay=0".to_string()),
+        "{options:?}"
+    );
 }
 
 #[tokio::test]

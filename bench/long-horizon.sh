@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The long-horizon run of issue 11 on a throwaway PostgreSQL 15 cluster
+# configured like a production server (autovacuum on, naptime 60 s, cost
+# delay 2 ms, cost limit 200, scale factors 0.2 / 0.1, shared_buffers 256MB,
+# synchronous_commit on): initdb in a temporary directory, its own port,
+# stopped by its PID at the end (also on failure). Then bench/src/
+# long_horizon.rs: a fixed-rate producer (emits of 128, 256-byte payloads),
+# one worker with 32 handlers of 1 ms, phases clean / a transaction held
+# open for HOLD seconds / recovery, sampled every 5 s into a CSV and an SVG.
+#
+#   bench/long-horizon.sh                       # 300 s at 9,000 events/s
+#   DURATION=1800 RATE=9000 bench/long-horizon.sh   # the issue's target run
+#   OUT=/tmp/lh-before LABEL=main DURATION=240 HOLD=60 bench/long-horizon.sh
+#
+# Environment: DURATION (s, default 300), RATE (events/s, 9000), HOLD (s,
+# 120), HOLD_AT (s, a third in), HANDLERS (32), WORK_MS (1), PORT (54329),
+# OUT (directory for CSV, chart, log and the server log; default
+# ./long-horizon-out), LABEL (for the chart's title), PG_BIN, BIN (a
+# long-horizon binary built elsewhere, for example from an older commit).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION=${DURATION:-300}
+RATE=${RATE:-9000}
+HOLD=${HOLD:-120}
+HOLD_AT=${HOLD_AT:-$((DURATION / 3))}
+HANDLERS=${HANDLERS:-32}
+WORK_MS=${WORK_MS:-1}
+PORT=${PORT:-54329}
+OUT=${OUT:-long-horizon-out}
+LABEL=${LABEL:-$(git rev-parse --short HEAD 2>/dev/null || true)}
+PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+if [ -z "${BIN:-}" ]; then
+  cargo build --release -q -p herald-bench --bin long-horizon
+  BIN=$CARGO_TARGET_DIR/release/long-horizon
+fi
+
+DATA=$(mktemp -d /tmp/herald-long-horizon.XXXXXX)
+PID=
+stop() {
+  # The postmaster's own PID (not runuser's, which does not pass signals on).
+  if [ -f "$DATA/db/postmaster.pid" ]; then PID=$(head -1 "$DATA/db/postmaster.pid"); fi
+  if [ -n "$PID" ] && kill -0 "$PID" 2>/dev/null; then
+    kill -INT "$PID"  # fast shutdown
+    for _ in $(seq 1 240); do kill -0 "$PID" 2>/dev/null || break; sleep 0.5; done
+  fi
+  if [ -n "$PID" ] && kill -0 "$PID" 2>/dev/null; then
+    echo "postmaster $PID still running; leaving $DATA" >&2
+  else
+    rm -rf "$DATA"
+  fi
+}
+trap stop EXIT
+# initdb refuses to run as root: the cluster belongs to postgres then.
+AS=()
+if [ "$(id -u)" = 0 ]; then
+  chown postgres "$DATA"
+  AS=(runuser -u postgres --)
+fi
+"${AS[@]}" "$PG_BIN/initdb" -D "$DATA/db" -U postgres --auth=trust -E UTF8 >"$OUT/initdb.log"
+cat >>"$DATA/db/postgresql.conf" <<EOF
+port = $PORT
+listen_addresses = '127.0.0.1'
+unix_socket_directories = '$DATA'
+max_connections = 100
+shared_buffers = 256MB
+synchronous_commit = on
+autovacuum = on
+autovacuum_naptime = 60s
+autovacuum_vacuum_cost_delay = 2ms
+autovacuum_vacuum_cost_limit = 200
+autovacuum_vacuum_scale_factor = 0.2
+autovacuum_analyze_scale_factor = 0.1
+log_autovacuum_min_duration = 0
+logging_collector = off
+EOF
+"${AS[@]}" "$PG_BIN/postgres" -D "$DATA/db" >"$OUT/postgres.log" 2>&1 &
+PID=$!
+for _ in $(seq 1 60); do
+  "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$PORT" -U postgres && break
+  sleep 0.5
+done
+URL=postgres://postgres@127.0.0.1:$PORT/postgres
+echo "cluster $DATA (pid $PID) on port $PORT; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+"$BIN" --store "$URL" --rate "$RATE" --duration "$DURATION" --hold "$HOLD" \
+  --hold-at "$HOLD_AT" --handlers "$HANDLERS" --work-ms "$WORK_MS" \
+  --csv "$OUT/long-horizon.csv" --chart "$OUT/long-horizon.svg" --label "$LABEL" \
+  | tee "$OUT/long-horizon.log"
+grep -E "automatic (vacuum|analyze)" "$OUT/postgres.log" | sed 's/^/server: /' | cut -c1-200 || true
+echo "load at the end: $(cut -d' ' -f1-3 /proc/loadavg); CSV, chart and logs in $OUT"

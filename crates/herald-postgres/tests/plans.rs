@@ -1,0 +1,312 @@
+//! The hot statements' plans cannot become scans of `events`, whatever the
+//! statistics say (issue 11): `EXPLAIN (FORMAT JSON)` of each hot statement
+//! as the store sends it, and of the body of every herald function it calls
+//! (under that function's own settings), under fresh, stale and
+//! deliberately wrong statistics, with generic and custom plans. Every node
+//! that reads `events` must be an index scan of a unique index with an index
+//! condition (one row per id of the batch, in id order), or a bitmap scan of
+//! `events_pkey` by the batch's ids.
+
+use herald_postgres::testing;
+use serde_json::Value;
+use sqlx::{Connection, Executor, PgConnection, Row};
+
+/// The statements of the hot path (`PgStore::statements` names).
+const HOT: &[&str] = &[
+    "claim",
+    "inspect",
+    "settle_delete",
+    "settle_archive",
+    "settle_release",
+    "settle_bury",
+    "renew",
+    "emit",
+    "existing_keys",
+];
+
+/// Events loaded for the plans: enough pages that a scan is never the
+/// cheap way to find a batch.
+const ROWS: i64 = 50_000;
+/// The batch the statements are explained with (custom plans see it).
+const BATCH: i64 = 512;
+
+/// Inserts `n` due, pending events straight into the schema.
+async fn load(conn: &mut PgConnection, q: &str, n: i64) {
+    conn.execute(
+        format!(
+            "INSERT INTO {q}.events (id, run_at, notified_at, created_at, updated_at, \
+               max_attempts, tenant, handler, payload, idempotency_key) \
+             SELECT gen_random_uuid(), 0, 0, 0, 0, 5, 't' || (i % 4), 'h' || (i % 8), \
+                    '{{\"i\":' || i || '}}', CASE WHEN i % 10 = 0 THEN gen_random_uuid()::text END \
+             FROM generate_series(1, {n}) AS i"
+        )
+        .as_str(),
+    )
+    .await
+    .expect("load events");
+}
+
+/// An argument of `ty` for EXPLAIN EXECUTE (a literal: EXECUTE takes no
+/// subqueries): arrays of the batch's length, `ids` of stored events.
+fn argument(ty: &str, ids: &str) -> String {
+    let arr = |elem: &dyn Fn(i64) -> String, ty: &str| {
+        let items: Vec<String> = (0..BATCH).map(elem).collect();
+        format!("'{{{}}}'::{ty}", items.join(","))
+    };
+    match ty {
+        "uuid[]" => format!("'{ids}'::uuid[]"),
+        "uuid" => "gen_random_uuid()".into(),
+        "bigint" => "30000".into(),
+        "integer" => BATCH.to_string(),
+        "text" => "'t0'".into(),
+        "integer[]" => arr(&|i| i.to_string(), "int4[]"),
+        "bigint[]" => arr(&|_| "0".into(), "int8[]"),
+        "text[]" => arr(&|i| format!("h{}", i % 8), "text[]"),
+        other => panic!("no argument for parameter type {other}"),
+    }
+}
+
+/// EXPLAIN (FORMAT JSON) of `sql` prepared with `types` (inferred when
+/// `None`): the plan's top node.
+async fn explain(conn: &mut PgConnection, q: &str, sql: &str, types: Option<&[String]>) -> Value {
+    let prepare = match types {
+        Some(t) if !t.is_empty() => format!("PREPARE hot({}) AS {sql}", t.join(", ")),
+        _ => format!("PREPARE hot AS {sql}"),
+    };
+    conn.execute(prepare.as_str())
+        .await
+        .unwrap_or_else(|e| panic!("{prepare}: {e}"));
+    let types: Vec<String> = sqlx::query_scalar(
+        "SELECT parameter_types::text[] FROM pg_prepared_statements WHERE name = 'hot'",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .expect("parameter types");
+    let ids: String = sqlx::query_scalar(&format!(
+        "SELECT array_agg(id ORDER BY id)::text FROM \
+           (SELECT id FROM {q}.events ORDER BY id LIMIT {BATCH}) AS b"
+    ))
+    .fetch_one(&mut *conn)
+    .await
+    .expect("a batch of ids");
+    let args: Vec<String> = types.iter().map(|t| argument(t, &ids)).collect();
+    let execute = if args.is_empty() {
+        "EXPLAIN (FORMAT JSON) EXECUTE hot".to_string()
+    } else {
+        format!("EXPLAIN (FORMAT JSON) EXECUTE hot({})", args.join(", "))
+    };
+    // Through a function of the session's: EXPLAIN's result is `json`,
+    // which sqlx would decode only with its `json` feature.
+    let text: String = sqlx::query_scalar("SELECT pg_temp.plan_of($1)")
+        .bind(&execute)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap_or_else(|e| panic!("{execute}: {e}"));
+    conn.execute("DEALLOCATE hot").await.expect("deallocate");
+    let plan: Value = serde_json::from_str(&text).expect("EXPLAIN's JSON");
+    plan[0]["Plan"].clone()
+}
+
+/// A herald function a statement calls: its body's statement, its settings
+/// and its parameter types.
+struct Routine {
+    name: String,
+    body: String,
+    settings: Vec<String>,
+    types: Vec<String>,
+}
+
+/// The functions of the schema that `sql` calls.
+async fn routines(conn: &mut PgConnection, schema: &str, q: &str, sql: &str) -> Vec<Routine> {
+    let rows = sqlx::query(
+        "SELECT p.proname::text, p.prosrc, coalesce(p.proconfig, '{}'), \
+                ARRAY(SELECT format_type(t, NULL) FROM unnest(p.proargtypes) AS t) \
+         FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = $1",
+    )
+    .bind(schema)
+    .fetch_all(&mut *conn)
+    .await
+    .expect("the schema's functions");
+    rows.iter()
+        .filter(|r| sql.contains(&format!("{q}.{}(", r.get::<String, _>(0))))
+        .map(|r| {
+            let src: String = r.get(1);
+            // plpgsql bodies are `BEGIN [RETURN QUERY] <statement>; …`.
+            let rest = src.split_once("BEGIN").map_or(src.as_str(), |(_, r)| r);
+            let rest = rest.trim_start().trim_start_matches("RETURN QUERY");
+            let body = rest.split(';').next().unwrap_or(rest).trim().to_string();
+            Routine {
+                name: r.get(0),
+                body,
+                settings: r.get(2),
+                types: r.get(3),
+            }
+        })
+        .collect()
+}
+
+/// What is wrong with a plan: every node reading `events` that is not an
+/// index scan of a unique index with an index condition.
+fn violations(node: &Value, out: &mut Vec<String>) {
+    let rel = node["Relation Name"].as_str().unwrap_or("");
+    let kind = node["Node Type"].as_str().unwrap_or("");
+    if rel.starts_with("events") && kind != "ModifyTable" {
+        let index = node["Index Name"].as_str().unwrap_or("");
+        let cond = node["Index Cond"].as_str().unwrap_or("");
+        let keyed = match index {
+            "events_pkey" => cond.contains("(id ="),
+            "events_live_key" => cond.contains("idempotency_key ="),
+            _ => false,
+        };
+        // A bitmap of the batch's ids, fetched in physical order: bounded
+        // too (the claim, a plain statement, may get one).
+        let bitmap_of_ids = kind == "Bitmap Heap Scan"
+            && node["Plans"].as_array().is_some_and(|c| {
+                let bitmaps: Vec<&Value> = c
+                    .iter()
+                    .filter(|b| b["Node Type"] != "Result" && b["Relation Name"].is_null())
+                    .collect();
+                !bitmaps.is_empty()
+                    && bitmaps.iter().all(|b| {
+                        b["Node Type"] == "Bitmap Index Scan"
+                            && b["Index Name"] == "events_pkey"
+                            && b["Index Cond"]
+                                .as_str()
+                                .is_some_and(|c| c.contains("(id = ANY"))
+                    })
+            });
+        let index_scan = matches!(kind, "Index Scan" | "Index Only Scan") && keyed;
+        if !index_scan && !bitmap_of_ids {
+            out.push(format!(
+                "{kind} on {rel} (index {index:?}, cond {cond:?}, estimated rows {})",
+                node["Plan Rows"]
+            ));
+        }
+    }
+    if let Some(children) = node["Plans"].as_array() {
+        for c in children {
+            violations(c, out);
+        }
+    }
+}
+
+/// Ways the statistics can be: each is set up on a truncated table.
+const STATISTICS: &[&str] = &[
+    "fresh",
+    "stale",
+    "empty-analyzed",
+    "reltuples=1",
+    "reltuples=1e9",
+];
+
+async fn set_statistics(conn: &mut PgConnection, schema: &str, q: &str, how: &str) {
+    conn.execute(format!("TRUNCATE {q}.events").as_str())
+        .await
+        .expect("truncate");
+    let analyze = format!("ANALYZE {q}.events");
+    match how {
+        "fresh" | "reltuples=1" | "reltuples=1e9" => {
+            load(conn, q, ROWS).await;
+            conn.execute(analyze.as_str()).await.expect("analyze");
+        }
+        // Analyzed small, grown since.
+        "stale" => {
+            load(conn, q, 200).await;
+            conn.execute(analyze.as_str()).await.expect("analyze");
+            load(conn, q, ROWS).await;
+        }
+        // pg_statistic (and reltuples) of an empty table.
+        "empty-analyzed" => {
+            conn.execute(analyze.as_str()).await.expect("analyze");
+            load(conn, q, ROWS).await;
+        }
+        other => panic!("unknown statistics {other}"),
+    }
+    let reltuples = match how {
+        "reltuples=1" => "1",
+        "reltuples=1e9" => "1e9",
+        _ => return,
+    };
+    // The table and its indexes (needs superuser: the test database's user).
+    sqlx::query(&format!(
+        "UPDATE pg_class SET reltuples = {reltuples} WHERE oid IN \
+           (SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+            WHERE n.nspname = $1 AND c.relname LIKE 'events%')"
+    ))
+    .bind(schema)
+    .execute(&mut *conn)
+    .await
+    .expect("set reltuples (superuser)");
+}
+
+#[tokio::test]
+async fn hot_statements_stay_bounded_by_the_batch_under_any_statistics() {
+    let Some((store, guard)) = testing::fresh_schema(&testing::test_name()).await else {
+        return;
+    };
+    let schema = guard.name().to_string();
+    let q = format!("\"{schema}\"");
+    let statements: Vec<(&str, String)> = store
+        .statements()
+        .into_iter()
+        .filter(|(n, _)| HOT.contains(n))
+        .collect();
+    assert_eq!(statements.len(), HOT.len(), "every hot statement is named");
+    store.pool().close().await;
+    let mut conn = PgConnection::connect_with(&testing::connect_options())
+        .await
+        .expect("connect");
+    conn.execute(
+        "CREATE FUNCTION pg_temp.plan_of(statement text) RETURNS text LANGUAGE plpgsql \
+         AS $$ DECLARE plan text; BEGIN EXECUTE statement INTO plan; RETURN plan; END $$",
+    )
+    .await
+    .expect("create plan_of");
+    let mut wrong = Vec::new();
+    let mut checked = 0;
+    for how in STATISTICS {
+        set_statistics(&mut conn, &schema, &q, how).await;
+        for mode in ["force_generic_plan", "force_custom_plan"] {
+            conn.execute(format!("SET plan_cache_mode = {mode}").as_str())
+                .await
+                .expect("plan_cache_mode");
+            for (name, sql) in &statements {
+                let mut plans = vec![(name.to_string(), explain(&mut conn, &q, sql, None).await)];
+                for r in routines(&mut conn, &schema, &q, sql).await {
+                    // The body under the function's own settings.
+                    conn.execute("BEGIN").await.expect("begin");
+                    for s in &r.settings {
+                        let (k, v) = s.split_once('=').expect("name=value");
+                        sqlx::query("SELECT set_config($1, $2, true)")
+                            .bind(k)
+                            .bind(v)
+                            .execute(&mut conn)
+                            .await
+                            .expect("set_config");
+                    }
+                    let plan = explain(&mut conn, &q, &r.body, Some(&r.types)).await;
+                    conn.execute("ROLLBACK").await.expect("rollback");
+                    plans.push((format!("{name} → {}", r.name), plan));
+                }
+                for (what, plan) in plans {
+                    checked += 1;
+                    let mut v = Vec::new();
+                    violations(&plan, &mut v);
+                    if !v.is_empty() {
+                        eprintln!("{what} [{how}, {mode}]: {plan:#}");
+                    }
+                    for v in v {
+                        wrong.push(format!("{what} [{how}, {mode}]: {v}"));
+                    }
+                }
+            }
+        }
+    }
+    let _ = conn.close().await;
+    assert!(
+        wrong.is_empty(),
+        "{} of {checked} plans read events other than by key:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+}
