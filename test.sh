@@ -20,6 +20,9 @@ cleanup() {
               kill "$pid" 2>/dev/null || true
               wait "$pid" 2>/dev/null || true
               rm -rf "$nats_dir" ;;
+      pubsub:*) pid=${s#pubsub:}; echo "test.sh: stopping the Pub/Sub emulator (pid $pid) it started"
+                kill "$pid" 2>/dev/null || true
+                wait "$pid" 2>/dev/null || true ;;
     esac
   done
 }
@@ -67,6 +70,40 @@ if [ -z "${NATS_URL:-}" ] && ! port_open 4222; then
     wait_port 4222 nats-server
   else
     echo "test.sh: nats-server is not installed; its tests will say so" >&2
+  fi
+fi
+
+# The Pub/Sub emulator on 127.0.0.1:8085 (Java; keeps nothing on disk).
+# Its Debian package comes from Google Cloud's apt repository, which is
+# added when apt does not know the package.
+emulator=/usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"
+  elif command -v sudo >/dev/null 2>&1; then sudo "$@"
+  else return 1; fi
+}
+if [ ! -x "$emulator" ] && ! command -v cloud-pubsub-emulator >/dev/null 2>&1; then
+  echo "test.sh: installing google-cloud-cli-pubsub-emulator for the Pub/Sub tests"
+  if ! apt-cache show google-cloud-cli-pubsub-emulator >/dev/null 2>&1 \
+     && [ ! -e /etc/apt/sources.list.d/google-cloud-sdk.list ]; then
+    as_root sh -c 'curl -fsSL https://packages.cloud.google.com/apt/doc/apt-key.gpg | gpg --dearmor -o /usr/share/keyrings/cloud.google.gpg \
+      && echo "deb [signed-by=/usr/share/keyrings/cloud.google.gpg] https://packages.cloud.google.com/apt cloud-sdk main" > /etc/apt/sources.list.d/google-cloud-sdk.list' \
+      || echo "test.sh: cannot add Google Cloud's apt repository" >&2
+  fi
+  as_root apt-get update || true
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y google-cloud-cli-pubsub-emulator default-jre-headless \
+    || echo "test.sh: cannot install the Pub/Sub emulator; its tests will say so" >&2
+fi
+command -v cloud-pubsub-emulator >/dev/null 2>&1 && emulator=$(command -v cloud-pubsub-emulator)
+if [ -z "${PUBSUB_EMULATOR_HOST:-}" ]; then
+  export PUBSUB_EMULATOR_HOST=127.0.0.1:8085
+  if ! port_open 8085 && [ -x "$emulator" ]; then
+    pubsub_log=$(mktemp -t herald-pubsub.XXXXXX)
+    echo "test.sh: starting the Pub/Sub emulator (log in $pubsub_log)"
+    "$emulator" --host=127.0.0.1 --port=8085 >"$pubsub_log" 2>&1 &
+    started+=("pubsub:$!")
+    # Java: a few seconds.
+    for _ in $(seq 1 3); do port_open 8085 && break; wait_port 8085 "the Pub/Sub emulator" || true; done
   fi
 fi
 

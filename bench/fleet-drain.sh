@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # No-op drain by 1, 2 and 3 `herald serve` worker processes on PostgreSQL +
-# NATS JetStream (bench/src/fleet_drain.rs): RUNS runs of each (default 3),
-# each run's line, then a table of medians.
+# a queue (bench/src/fleet_drain.rs): RUNS runs of each (default 3), each
+# run's line, then a table of medians per queue. QUEUES: nats, pubsub (the
+# emulator at PUBSUB, default 127.0.0.1:8085) or both; default nats.
 #
 #   bench/fleet-drain.sh
+#   QUEUES="nats pubsub" WORKERS="1 3" bench/fleet-drain.sh
 #   RUNS=5 EVENTS=100000 WORKERS="1 3" EXTRA="--concurrency 256" bench/fleet-drain.sh
 #   STORE=postgres://… NATS=nats://… HERALD=/path/to/herald bench/fleet-drain.sh
 #   QUIET=1.0 bench/fleet-drain.sh   # before each run, wait (up to 30 min) for
@@ -16,6 +18,8 @@ WORKERS=${WORKERS:-"1 2 3"}
 EXTRA=${EXTRA:-}
 STORE=${STORE:-${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}}
 NATS=${NATS:-${NATS_URL:-nats://127.0.0.1:4222}}
+PUBSUB=${PUBSUB:-${PUBSUB_EMULATOR_HOST:-127.0.0.1:8085}}
+QUEUES=${QUEUES:-nats}
 # pg-cpu lives beside the repository, in ../shared/tools (the script's own
 # "$(dirname "$0")/../../shared/tools/pg-cpu"; this line runs from the
 # repository's root); PG_CPU=PATH overrides.
@@ -32,9 +36,15 @@ BIN=$CARGO_TARGET_DIR/release
 HERALD=${HERALD:-$BIN/herald}
 pg_cpu=()
 [ -x "$PG_CPU" ] && pg_cpu=(--pg-cpu "$PG_CPU")
-nats_pid=()
-pid=$(pgrep -xo nats-server || true)
-[ -n "$pid" ] && nats_pid=(--nats-pid "$pid")
+# The broker's CPU: the nats-server, or the emulator's java process.
+broker_pid() {
+  local pid
+  case "$1" in
+    nats) pid=$(pgrep -xo nats-server || true) ;;
+    pubsub) pid=$(pgrep -fo 'cloud-pubsub-emulator.*--port='"${PUBSUB##*:}" || true) ;;
+  esac
+  [ -n "$pid" ] && echo "--broker-pid $pid"
+}
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 QUIET=${QUIET:-}
@@ -50,13 +60,15 @@ wait_quiet() {
     waited=$((waited + 10))
   done
 }
-for n in $WORKERS; do
-  for run in $(seq 1 "$RUNS"); do
-    wait_quiet
-    echo "== workers=$n run $run"
-    # shellcheck disable=SC2086
-    "$BIN/fleet-drain" --herald "$HERALD" --store "$STORE" --nats "$NATS" \
-      --workers "$n" --events "$EVENTS" "${pg_cpu[@]}" "${nats_pid[@]}" $EXTRA | tee -a "$out"
+for queue in $QUEUES; do
+  for n in $WORKERS; do
+    for run in $(seq 1 "$RUNS"); do
+      wait_quiet
+      echo "== queue=$queue workers=$n run $run"
+      # shellcheck disable=SC2086
+      "$BIN/fleet-drain" --herald "$HERALD" --store "$STORE" --queue "$queue" --nats "$NATS" --pubsub "$PUBSUB" \
+        --workers "$n" --events "$EVENTS" "${pg_cpu[@]}" $(broker_pid "$queue") $EXTRA | tee -a "$out"
+    done
   done
 done
 echo
@@ -73,16 +85,17 @@ awk '
     return (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
   }
   /^fleet-drain / {
-    w = field("workers"); seen[w] = 1
+    w = field("queue") " " field("workers"); seen[w] = 1; order[++nseen] = w
     for (k = 1; k <= ncols; k++) { v = field(cols[k]); if (v != "") vals[w, k] = vals[w, k] " " v }
   }
   BEGIN {
-    ncols = split("events_per_s steady_events_per_s startup_s drain_s max_unacked lease_renewals pg_cpu_ms_per_1000 workers_cpu_ms_per_1000 nats_cpu_ms_per_1000 machine_busy_pct load_before", cols, " ")
+    ncols = split("events_per_s steady_events_per_s startup_s drain_s max_unacked lease_renewals pg_cpu_ms_per_1000 workers_cpu_ms_per_1000 broker_cpu_ms_per_1000 machine_busy_pct load_before", cols, " ")
   }
   END {
-    printf "%-8s", "workers"; for (k = 1; k <= ncols; k++) printf " %s", cols[k]; printf "\n"
-    for (w = 1; w <= 64; w++) if (w in seen) {
-      printf "%-8s", w
+    printf "%-14s", "queue workers"; for (k = 1; k <= ncols; k++) printf " %s", cols[k]; printf "\n"
+    for (i = 1; i <= nseen; i++) {
+      w = order[i]; if (w in printed) continue; printed[w] = 1
+      printf "%-14s", w
       for (k = 1; k <= ncols; k++) printf " %*s", length(cols[k]), median(vals[w, k])
       printf "\n"
     }

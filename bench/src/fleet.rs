@@ -1,20 +1,23 @@
 //! A fleet of real `herald serve` worker processes on PostgreSQL + NATS
-//! JetStream, for the benchmarks of the distributed deployment
-//! (`fleet-drain`, `rescue`).
+//! JetStream or Google Pub/Sub (the emulator), for the benchmarks of the
+//! distributed deployment (`fleet-drain`, `rescue`).
 //!
 //! [`Scratch`] makes a fresh PostgreSQL schema (migrated by `herald migrate
 //! --store … --schema …`, as an operator would) and names a fresh NATS
-//! stream; both are removed when it is dropped, also when the benchmark
-//! panics. [`Scratch::herald_toml`] writes the configuration the workers
+//! stream, or Pub/Sub topic and subscription ([`Broker`]); both are removed
+//! when it is dropped, also when the benchmark panics. [`Scratch::herald_toml`] writes the configuration the workers
 //! share; [`WorkerSpec::spawn`] starts one `herald serve` and
 //! [`Launch::listening`] waits for its "listening on" line.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use herald::Queue;
 use herald_nats::{NatsConfig, NatsQueue};
 use herald_postgres::PgStore;
+use herald_pubsub::{PubsubConfig, PubsubQueue};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -25,6 +28,83 @@ use tokio::sync::oneshot;
 pub const DEFAULT_STORE: &str = "postgres://postgres@127.0.0.1:5432/test";
 /// The NATS server the benchmarks use by default.
 pub const DEFAULT_NATS: &str = "nats://127.0.0.1:4222";
+/// The Pub/Sub emulator the benchmarks use by default.
+pub const DEFAULT_PUBSUB: &str = "127.0.0.1:8085";
+/// The project of the benchmarks' Pub/Sub topics.
+pub const PUBSUB_PROJECT: &str = "herald-bench";
+
+/// The queue a fleet runs on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Broker {
+    /// NATS JetStream at this URL.
+    Nats(String),
+    /// The Pub/Sub emulator at this `HOST:PORT`.
+    Pubsub(String),
+}
+
+impl Broker {
+    /// From `--queue` (`nats` or `pubsub`) and the two addresses.
+    pub fn choose(queue: &str, nats: &str, pubsub: &str) -> Broker {
+        match queue {
+            "nats" => Broker::Nats(nats.to_string()),
+            "pubsub" => Broker::Pubsub(pubsub.to_string()),
+            other => panic!("--queue {other:?}: write nats or pubsub"),
+        }
+    }
+
+    /// `nats` or `pubsub`, for reports.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Broker::Nats(_) => "nats",
+            Broker::Pubsub(_) => "pubsub",
+        }
+    }
+}
+
+/// A queue on the scratch stream or topic, with what a benchmark may ask
+/// its broker besides the [`Queue`] trait.
+#[derive(Clone)]
+pub enum BenchQueue {
+    /// NATS.
+    Nats(Arc<NatsQueue>),
+    /// Pub/Sub.
+    Pubsub(Arc<PubsubQueue>),
+}
+
+impl BenchQueue {
+    /// The queue.
+    pub fn queue(&self) -> Arc<dyn Queue> {
+        match self {
+            BenchQueue::Nats(q) => q.clone(),
+            BenchQueue::Pubsub(q) => q.clone(),
+        }
+    }
+
+    /// Messages waiting in the stream; `None` where the broker can't say
+    /// (the Pub/Sub emulator has no backlog metric).
+    pub async fn waiting(&self) -> Option<u64> {
+        match self {
+            BenchQueue::Nats(q) => {
+                let mut stream = q.jetstream().get_stream(&q.config().stream).await.ok()?;
+                Some(stream.info().await.ok()?.state.messages)
+            }
+            BenchQueue::Pubsub(_) => None,
+        }
+    }
+
+    /// Deliveries not yet acked, over all workers; `None` where the broker
+    /// can't say.
+    pub async fn unacked(&self) -> Option<usize> {
+        match self {
+            BenchQueue::Nats(q) => {
+                let stream = q.jetstream().get_stream(&q.config().stream).await.ok()?;
+                let info = stream.consumer_info(&q.config().consumer).await.ok()?;
+                Some(info.num_ack_pending)
+            }
+            BenchQueue::Pubsub(_) => None,
+        }
+    }
+}
 
 /// The `herald` binary of a release build: `$CARGO_TARGET_DIR/release/herald`
 /// (`target/release/herald` without the variable). Build it with
@@ -64,17 +144,21 @@ pub fn toml_string(s: &str) -> String {
     out
 }
 
-/// A fresh PostgreSQL schema and NATS stream of one benchmark run, and a
-/// directory for its config files and worker logs. Dropping it drops the
-/// schema and deletes the stream; the directory is kept (and its path
-/// printed) when dropped during a panic or with `keep_dir`.
+/// A fresh PostgreSQL schema and NATS stream (or Pub/Sub topic) of one
+/// benchmark run, and a directory for its config files and worker logs.
+/// Dropping it drops the schema and deletes the stream or topic; the
+/// directory is kept (and its path printed) when dropped during a panic or
+/// with `keep_dir`.
 pub struct Scratch {
     /// The PostgreSQL URL.
     pub store_url: String,
-    /// The NATS URL.
-    pub nats_url: String,
-    /// The schema's name, which is also the stream's.
+    /// The queue.
+    pub broker: Broker,
+    /// The schema's name, which is also the stream's (or topic's).
     pub name: String,
+    /// Top-level `herald.toml` keys for the queue, with their TOML values
+    /// (`pubsub_max_outstanding`).
+    pub queue_keys: Vec<(String, String)>,
     /// Keep the directory (config files, worker logs) after the run.
     pub keep_dir: bool,
     dir: Option<tempfile::TempDir>,
@@ -84,7 +168,7 @@ impl Scratch {
     /// Names a fresh schema and stream (`herald_bench_LABEL_…`) and migrates
     /// the schema with `herald migrate`. The stream is created by the first
     /// [`NatsQueue`] on it ([`Scratch::queue`], or a worker).
-    pub async fn create(herald: &Path, store_url: &str, nats_url: &str, label: &str) -> Scratch {
+    pub async fn create(herald: &Path, store_url: &str, broker: &Broker, label: &str) -> Scratch {
         let name = format!(
             "herald_bench_{label}_{}",
             &uuid::Uuid::new_v4().simple().to_string()[..8]
@@ -95,8 +179,9 @@ impl Scratch {
             .expect("a temporary directory");
         let scratch = Scratch {
             store_url: store_url.to_string(),
-            nats_url: nats_url.to_string(),
+            broker: broker.clone(),
             name,
+            queue_keys: Vec::new(),
             keep_dir: false,
             dir: Some(dir),
         };
@@ -138,11 +223,58 @@ impl Scratch {
     }
 
     /// A queue on the stream, with `AckWait` = `lease` (the workers refuse
-    /// a consumer whose `AckWait` is not their lease).
-    pub async fn queue(&self, lease: Duration) -> NatsQueue {
-        NatsQueue::connect(NatsConfig::new(self.nats_url.clone(), &self.name, lease))
-            .await
-            .expect("connect to NATS and create the scratch stream")
+    /// a consumer whose `AckWait` is not their lease); or on the topic and
+    /// subscription, whose ack deadline follows from the lease.
+    pub async fn queue(&self, lease: Duration) -> BenchQueue {
+        match &self.broker {
+            Broker::Nats(url) => BenchQueue::Nats(Arc::new(
+                NatsQueue::connect(NatsConfig::new(url.clone(), &self.name, lease))
+                    .await
+                    .expect("connect to NATS and create the scratch stream"),
+            )),
+            Broker::Pubsub(host) => BenchQueue::Pubsub(Arc::new(
+                PubsubQueue::connect(self.pubsub_config(host, lease))
+                    .await
+                    .expect("connect to the Pub/Sub emulator and create the scratch topic"),
+            )),
+        }
+    }
+
+    fn pubsub_config(&self, host: &str, lease: Duration) -> PubsubConfig {
+        PubsubConfig {
+            emulator: Some(host.to_string()),
+            ..PubsubConfig::new(
+                PUBSUB_PROJECT,
+                &self.name,
+                format!("{}-workers", self.name),
+                lease,
+            )
+        }
+    }
+
+    /// The `queue` lines of `herald.toml`.
+    fn queue_toml(&self) -> String {
+        let mut text = match &self.broker {
+            Broker::Nats(url) => format!(
+                "queue = {}\nnats_stream = {}\n",
+                toml_string(url),
+                toml_string(&self.name)
+            ),
+            Broker::Pubsub(_) => format!(
+                "queue = {}\n",
+                toml_string(&format!(
+                    "pubsub://{PUBSUB_PROJECT}/{}?subscription={}-workers",
+                    self.name, self.name
+                ))
+            ),
+        };
+        // Pub/Sub's keys only go with Pub/Sub: the others are checked too.
+        if matches!(self.broker, Broker::Pubsub(_)) {
+            for (k, v) in &self.queue_keys {
+                text.push_str(&format!("{k} = {v}\n"));
+            }
+        }
+        text
     }
 
     /// A `herald.toml` for a worker on the scratch schema and stream,
@@ -151,11 +283,10 @@ impl Scratch {
     /// (handler tables).
     pub fn herald_toml(&self, worker: &[(&str, String)], rest: &str) -> String {
         let mut text = format!(
-            "store = {}\npg_schema = {}\nqueue = {}\nnats_stream = {}\nlisten = \"127.0.0.1:0\"\n\n[worker]\n",
+            "store = {}\npg_schema = {}\n{}listen = \"127.0.0.1:0\"\n\n[worker]\n",
             toml_string(&self.store_url),
             toml_string(&self.name),
-            toml_string(&self.nats_url),
-            toml_string(&self.name),
+            self.queue_toml(),
         );
         for (key, value) in worker {
             text.push_str(&format!("{key} = {value}\n"));
@@ -182,10 +313,14 @@ impl Scratch {
             args: args.iter().map(|a| a.to_string()).collect(),
             log: self.dir().join(format!("{name}.log")),
             log_level: None,
+            env: match &self.broker {
+                Broker::Nats(_) => Vec::new(),
+                Broker::Pubsub(host) => vec![("PUBSUB_EMULATOR_HOST".into(), host.clone())],
+            },
         }
     }
 
-    async fn remove(store_url: String, nats_url: String, name: String) -> Result<(), String> {
+    async fn remove(store_url: String, broker: Broker, name: String) -> Result<(), String> {
         let mut problems = Vec::new();
         match PgConnection::connect(&store_url).await {
             Ok(mut c) => {
@@ -199,17 +334,31 @@ impl Scratch {
             }
             Err(e) => problems.push(format!("connect to PostgreSQL: {e}")),
         }
-        match async_nats::connect(&nats_url).await {
-            Ok(client) => {
-                let js = async_nats::jetstream::new(client);
-                if let Err(e) = js.delete_stream(&name).await {
-                    // No stream is fine: nothing created it.
-                    if !e.to_string().contains("not found") {
-                        problems.push(format!("delete stream {name}: {e}"));
+        match &broker {
+            Broker::Nats(nats_url) => match async_nats::connect(nats_url).await {
+                Ok(client) => {
+                    let js = async_nats::jetstream::new(client);
+                    if let Err(e) = js.delete_stream(&name).await {
+                        // No stream is fine: nothing created it.
+                        if !e.to_string().contains("not found") {
+                            problems.push(format!("delete stream {name}: {e}"));
+                        }
                     }
                 }
+                Err(e) => problems.push(format!("connect to NATS: {e}")),
+            },
+            Broker::Pubsub(host) => {
+                if let Err(e) = herald_pubsub::testing::delete(
+                    host,
+                    PUBSUB_PROJECT,
+                    &name,
+                    &format!("{name}-workers"),
+                )
+                .await
+                {
+                    problems.push(format!("delete topic {name}: {e}"));
+                }
             }
-            Err(e) => problems.push(format!("connect to NATS: {e}")),
         }
         if problems.is_empty() {
             Ok(())
@@ -231,9 +380,9 @@ impl Drop for Scratch {
         }
         // Drop may run inside a tokio runtime: do the async work on a thread
         // with a runtime of its own.
-        let (store_url, nats_url, name) = (
+        let (store_url, broker, name) = (
             self.store_url.clone(),
-            self.nats_url.clone(),
+            self.broker.clone(),
             self.name.clone(),
         );
         let removed = std::thread::spawn(move || {
@@ -241,7 +390,7 @@ impl Drop for Scratch {
                 .enable_all()
                 .build()
                 .map_err(|e| e.to_string())?
-                .block_on(Scratch::remove(store_url, nats_url, name))
+                .block_on(Scratch::remove(store_url, broker, name))
         })
         .join();
         match removed {
@@ -274,6 +423,8 @@ pub struct WorkerSpec {
     log: PathBuf,
     /// `HERALD_LOG` for the worker (its default is `info`).
     pub log_level: Option<String>,
+    /// More environment variables (`PUBSUB_EMULATOR_HOST`).
+    pub env: Vec<(String, String)>,
 }
 
 impl WorkerSpec {
@@ -296,6 +447,7 @@ impl WorkerSpec {
         if let Some(level) = &self.log_level {
             cmd.env("HERALD_LOG", level);
         }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         let spawned = Instant::now();
         let mut child = cmd
             .spawn()

@@ -1,6 +1,7 @@
 //! No-op drain by a fleet of real `herald serve` worker processes on
-//! PostgreSQL + NATS JetStream: emit E events (not timed) while no worker
-//! runs, then start N workers and time until every event is done.
+//! PostgreSQL + NATS JetStream (or, with `--queue pubsub`, the Pub/Sub
+//! emulator): emit E events (not timed) while no worker runs, then start N
+//! workers and time until every event is done.
 //!
 //! `cargo build --release -p herald-server -p herald-bench`, then
 //!
@@ -14,7 +15,10 @@
 //! through the library (a `herald::Client` on a `PgStore` and a `NatsQueue`
 //! on the same schema and stream) for a handler `noop`, which every worker
 //! registers with `--noop-handler noop`. The stream must hold one
-//! notification per event before the workers start.
+//! notification per event before the workers start (NATS; the emulator
+//! can't say how many messages it holds). On Pub/Sub the workers'
+//! `pubsub_max_outstanding` is `concurrency + batch`, what a worker can
+//! hold at once.
 //!
 //! The workers share one `herald.toml`: `[worker] concurrency` and `batch`
 //! from the flags (1024 and 512, as the in-process `drain`), the lease
@@ -33,7 +37,7 @@
 //! every 500 ms); `lease_renewals`, from the workers' `/metrics`. With `--pg-cpu` the
 //! PostgreSQL server's CPU during the drain (the whole server: anything
 //! else using it is counted too), per 1,000 events; also the workers' own
-//! CPU, the NATS server's (with `--nats-pid`), how busy the machine's
+//! CPU, the broker's (with `--broker-pid`), how busy the machine's
 //! cores were, and the load average before the drain (other work on the
 //! machine skews every figure).
 
@@ -42,7 +46,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use herald::{Client, EmitOptions, EmitRequest, Queue};
+use herald::{Client, EmitOptions, EmitRequest};
 use herald_bench::cpu;
 use herald_bench::fleet::{self, Scratch, Worker};
 
@@ -54,9 +58,18 @@ struct Args {
     /// The PostgreSQL database (a scratch schema is made in it).
     #[arg(long, default_value = fleet::DEFAULT_STORE)]
     store: String,
+    /// The queue: `nats` or `pubsub`.
+    #[arg(long, default_value = "nats")]
+    queue: String,
     /// The NATS server (a scratch stream is made on it).
     #[arg(long, default_value = fleet::DEFAULT_NATS)]
     nats: String,
+    /// The Pub/Sub emulator, `HOST:PORT` (a scratch topic is made on it).
+    #[arg(long, default_value = fleet::DEFAULT_PUBSUB)]
+    pubsub: String,
+    /// The workers' `pubsub_pull`: `streaming` or `unary`.
+    #[arg(long, default_value = "streaming")]
+    pubsub_pull: String,
     /// `herald serve` worker processes.
     #[arg(long, default_value_t = 1)]
     workers: usize,
@@ -84,9 +97,10 @@ struct Args {
     /// The `pg-cpu` tool: measure PostgreSQL's CPU time during the drain.
     #[arg(long)]
     pg_cpu: Option<PathBuf>,
-    /// The NATS server's process id: measure its CPU time during the drain.
+    /// The broker's process id (nats-server, or the emulator's java):
+    /// measure its CPU time during the drain.
     #[arg(long)]
-    nats_pid: Option<u32>,
+    broker_pid: Option<u32>,
     /// `HERALD_LOG` for the workers.
     #[arg(long)]
     worker_log: Option<String>,
@@ -102,10 +116,19 @@ async fn main() {
     assert!(args.workers >= 1, "--workers must be at least 1");
     let herald = fleet::herald_binary(args.herald.clone());
     let lease = Duration::from_secs(args.lease_secs);
-    let mut scratch = Scratch::create(&herald, &args.store, &args.nats, "drain").await;
+    let broker = fleet::Broker::choose(&args.queue, &args.nats, &args.pubsub);
+    let mut scratch = Scratch::create(&herald, &args.store, &broker, "drain").await;
     scratch.keep_dir = args.keep_logs;
+    scratch.queue_keys.push((
+        "pubsub_max_outstanding".into(),
+        (args.concurrency + args.batch).to_string(),
+    ));
+    scratch
+        .queue_keys
+        .push(("pubsub_pull".into(), fleet::toml_string(&args.pubsub_pull)));
     let store = Arc::new(scratch.store(8).await);
-    let queue = Arc::new(scratch.queue(lease).await);
+    let bench_queue = scratch.queue(lease).await;
+    let queue = bench_queue.queue();
     let client = Client::new(store.clone(), queue.clone());
 
     // Emit (not timed), several batches at once: each batch's notifications
@@ -136,20 +159,12 @@ async fn main() {
         }
     }
     let emit_s = t.elapsed().as_secs_f64();
-    let notified = queue
-        .jetstream()
-        .get_stream(&scratch.name)
-        .await
-        .expect("the scratch stream")
-        .info()
-        .await
-        .expect("stream info")
-        .state
-        .messages;
-    assert_eq!(
-        notified, args.events as u64,
-        "the stream must hold one notification per event before the drain"
-    );
+    if let Some(notified) = bench_queue.waiting().await {
+        assert_eq!(
+            notified, args.events as u64,
+            "the stream must hold one notification per event before the drain"
+        );
+    }
     // Start from a vacuumed, analyzed table, as the in-process drain does.
     sqlx::raw_sql(&format!("VACUUM (ANALYZE) \"{}\".events", scratch.name))
         .execute(store.pool())
@@ -164,7 +179,7 @@ async fn main() {
                 "lease",
                 fleet::toml_string(&format!("{}s", args.lease_secs)),
             ),
-            // Only NATS notifications drive the workers.
+            // Only the queue's notifications drive the workers.
             ("sweep_quiet", "\"1h\"".into()),
         ],
         "",
@@ -183,17 +198,11 @@ async fn main() {
         })
         .collect();
     let http = reqwest::Client::new();
-    let stream = queue
-        .jetstream()
-        .get_stream(&scratch.name)
-        .await
-        .expect("the scratch stream");
-    let consumer = queue.config().consumer.clone();
 
     let load = cpu::load_average().unwrap_or(f64::NAN);
     let pg_before = cpu::pg_ticks(args.pg_cpu.as_deref());
-    let nats_before = args
-        .nats_pid
+    let broker_before = args
+        .broker_pid
         .and_then(|p| cpu::process_ticks(&p.to_string()));
     let machine_before = cpu::machine_ticks();
     let t0 = Instant::now();
@@ -208,13 +217,13 @@ async fn main() {
     let limit = Duration::from_secs(args.timeout_secs);
     // Notifications delivered and not yet acked, sampled every 500 ms: runs
     // claimed (or about to be) and not yet settled and acked.
-    let mut max_unacked = 0;
+    let mut max_unacked: Option<usize> = None;
     let mut sampled = Instant::now();
     let (done, per_worker) = loop {
         if sampled.elapsed() >= Duration::from_millis(500) {
             sampled = Instant::now();
-            if let Ok(info) = stream.consumer_info(&consumer).await {
-                max_unacked = max_unacked.max(info.num_ack_pending);
+            if let Some(n) = bench_queue.unacked().await {
+                max_unacked = Some(max_unacked.unwrap_or(0).max(n));
             }
         }
         let (done, per_worker) = total_done(&workers, &http).await;
@@ -238,8 +247,8 @@ async fn main() {
     };
     let drain = t0.elapsed();
     let pg_after = cpu::pg_ticks(args.pg_cpu.as_deref());
-    let nats_after = args
-        .nats_pid
+    let broker_after = args
+        .broker_pid
         .and_then(|p| cpu::process_ticks(&p.to_string()));
     let machine_after = cpu::machine_ticks();
     let workers_ticks: Option<u64> = workers.iter().map(|w| w.cpu_ticks()).sum();
@@ -283,7 +292,8 @@ async fn main() {
     };
     let after_listening = (drain - startup).as_secs_f64();
     println!(
-        "fleet-drain workers={} events={} concurrency={} batch={} lease_s={} emit_s={:.1} startup_s={:.3} drain_s={:.3} events_per_s={:.0} steady_events_per_s={:.0} done_per_worker={} max_unacked={max_unacked} lease_renewals={renewals}{}{}{}{} load_before={load:.1}",
+        "fleet-drain queue={} workers={} events={} concurrency={} batch={} lease_s={} emit_s={:.1} startup_s={:.3} drain_s={:.3} events_per_s={:.0} steady_events_per_s={:.0} done_per_worker={} max_unacked={} lease_renewals={renewals}{}{}{}{} load_before={load:.1}",
+        broker.label(),
         args.workers,
         args.events,
         args.concurrency,
@@ -299,9 +309,10 @@ async fn main() {
             .map(|d| d.to_string())
             .collect::<Vec<_>>()
             .join("/"),
+        max_unacked.map_or("-".to_string(), |n| n.to_string()),
         per_1000(cpu::ms_between(pg_before, pg_after), "pg"),
         per_1000(workers_ticks.map(|t| t * 1000 / cpu::ticks_per_second()), "workers"),
-        per_1000(cpu::ms_between(nats_before, nats_after), "nats"),
+        per_1000(cpu::ms_between(broker_before, broker_after), "broker"),
         busy,
     );
     queue.close().await;

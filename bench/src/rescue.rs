@@ -91,9 +91,18 @@ struct Args {
     /// The PostgreSQL database (a scratch schema is made in it).
     #[arg(long, default_value = fleet::DEFAULT_STORE)]
     store: String,
+    /// The fleet's queue: `nats` or `pubsub`.
+    #[arg(long, default_value = "nats")]
+    queue: String,
     /// The NATS server (a scratch stream is made on it).
     #[arg(long, default_value = fleet::DEFAULT_NATS)]
     nats: String,
+    /// The Pub/Sub emulator, `HOST:PORT` (a scratch topic is made on it).
+    #[arg(long, default_value = fleet::DEFAULT_PUBSUB)]
+    pubsub: String,
+    /// The workers' `pubsub_pull`: `streaming` or `unary`.
+    #[arg(long, default_value = "streaming")]
+    pubsub_pull: String,
     /// `herald serve` worker processes.
     #[arg(long, default_value_t = 3)]
     workers: usize,
@@ -243,7 +252,7 @@ fn secs(d: f64) -> String {
 /// PostgreSQL + NATS (fleet), or through the one worker's HTTP API
 /// (restart: the in-process queue is inside the worker).
 enum Front {
-    Library(Client, Arc<herald_nats::NatsQueue>),
+    Library(Client, Arc<dyn Queue>),
     Api(reqwest::Client, String),
 }
 
@@ -343,6 +352,7 @@ async fn main() {
     herald_bench::init_logs();
     let args = Args::parse();
     let restart = args.shape == Shape::Restart;
+    let broker = fleet::Broker::choose(&args.queue, &args.nats, &args.pubsub);
     let workers_n = if restart { 1 } else { args.workers };
     assert!(restart || workers_n >= 2, "--workers must be at least 2");
     let herald = fleet::herald_binary(args.herald.clone());
@@ -368,7 +378,7 @@ async fn main() {
         args.shape,
         workers_n,
         store_label,
-        if restart { "in-process" } else { "nats" },
+        if restart { "in-process" } else { broker.label() },
         lease,
         if args.lease_secs.is_none() { " (herald's default)" } else { "" },
         heartbeat,
@@ -394,8 +404,11 @@ async fn main() {
         .with_state(app.clone());
     tokio::spawn(async move { axum::serve(listener, router).await });
 
-    let mut scratch = Scratch::create(&herald, &args.store, &args.nats, "rescue").await;
+    let mut scratch = Scratch::create(&herald, &args.store, &broker, "rescue").await;
     scratch.keep_dir = args.keep_logs;
+    scratch
+        .queue_keys
+        .push(("pubsub_pull".into(), fleet::toml_string(&args.pubsub_pull)));
     let mut worker_keys: Vec<(&str, String)> = vec![
         // Re-notifying quiet events is not rescue.
         ("sweep_quiet", "\"1h\"".into()),
@@ -455,7 +468,7 @@ async fn main() {
         Front::Api(reqwest::Client::new(), workers[0].base.clone())
     } else {
         let store = Arc::new(scratch.store(4).await);
-        let queue = Arc::new(scratch.queue(lease).await);
+        let queue = scratch.queue(lease).await.queue();
         Front::Library(Client::new(store, queue.clone()), queue)
     };
 

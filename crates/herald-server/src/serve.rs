@@ -44,8 +44,10 @@ pub struct ServeArgs {
     /// [config: pg_schema; env: HERALD_PG_SCHEMA; default: herald].
     #[arg(long, value_name = "NAME")]
     schema: Option<String>,
-    /// The queue: `memory`, the in-process queue, or NATS JetStream at
-    /// `nats://[USER:PASSWORD@]HOST:PORT` (or `tls://…`)
+    /// The queue: `memory`, the in-process queue; NATS JetStream at
+    /// `nats://[USER:PASSWORD@]HOST:PORT` (or `tls://…`); or Google Cloud
+    /// Pub/Sub at `pubsub://PROJECT/TOPIC?subscription=NAME` (the emulator
+    /// when PUBSUB_EMULATOR_HOST is set)
     /// [config: queue; env: HERALD_QUEUE; default: memory].
     #[arg(long, value_name = "KIND")]
     queue: Option<String>,
@@ -192,6 +194,31 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
                 ..herald_nats::NatsConfig::new(
                     url.clone(),
                     &config.nats_stream,
+                    config.worker.lease,
+                )
+            })
+            .await
+            .map_err(|error| ServeError::Queue {
+                location: config.queue.to_string(),
+                error,
+            })?,
+        ),
+        // The ack wait is the lease, kept by this process; the
+        // subscription's ack deadline is the lease rounded up to 10-600 s
+        // (see herald_pubsub's docs: the deadline and the lease are separate).
+        QueueLocation::Pubsub {
+            project,
+            topic,
+            subscription,
+        } => Arc::new(
+            herald_pubsub::PubsubQueue::connect(herald_pubsub::PubsubConfig {
+                max_outstanding: config.pubsub_max_outstanding,
+                credentials: config.pubsub_credentials.clone(),
+                pull: config.pubsub_pull,
+                ..herald_pubsub::PubsubConfig::new(
+                    project.clone(),
+                    topic.clone(),
+                    subscription.clone(),
                     config.worker.lease,
                 )
             })

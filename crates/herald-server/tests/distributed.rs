@@ -1,6 +1,11 @@
 //! herald distributed, through the real binary: three `herald serve`
-//! workers on one PostgreSQL schema and one NATS JetStream stream, 20,000
-//! events, one worker SIGKILLed mid-run and the NATS server restarted once.
+//! workers on one PostgreSQL schema and one queue, 20,000 events, one
+//! worker SIGKILLed mid-run and the broker restarted once. One body, run
+//! for each queue: NATS JetStream (a nats-server of the test's own,
+//! restarted with its store) and Google Pub/Sub (an emulator of the test's
+//! own, restarted empty: its topic, subscription and every message in
+//! flight are gone, and the workers must make them again and the reconciler
+//! re-notify what was lost).
 //!
 //! Every run of the handler (a webhook served by this test) records itself
 //! in a ledger table: the event, the run's lease token, the worker that ran
@@ -26,6 +31,7 @@ use axum::http::{HeaderMap, StatusCode};
 use common::{herald, Server};
 use herald_nats::testing::OwnServer;
 use herald_postgres::testing::{connect_options, database_url, reachable, unreachable, TestSchema};
+use herald_pubsub::testing::OwnEmulator;
 use rand::Rng;
 use serde_json::{json, Value};
 use sqlx::postgres::PgPoolOptions;
@@ -37,12 +43,12 @@ const WORKERS: usize = 3;
 /// The worker that is killed: never sent an emit, so no emit is lost with it.
 const VICTIM: usize = 2;
 const LEASE: Duration = Duration::from_secs(2);
-/// Kill the victim once this many runs have started; restart NATS at the second.
+/// Kill the victim once this many runs have started; restart the broker at the second.
 const KILL_AT: u64 = 5_000;
-const NATS_RESTART_AT: u64 = 10_000;
-/// How long NATS stays down: longer than a lease, so that deliveries time
-/// out at the broker while their runs hold live leases in the store.
-const NATS_DOWN: Duration = Duration::from_secs(3);
+const BROKER_RESTART_AT: u64 = 10_000;
+/// How long the broker stays down: longer than a lease, so that deliveries
+/// time out at the broker while their runs hold live leases in the store.
+const BROKER_DOWN: Duration = Duration::from_secs(3);
 /// The whole run must finish within this, or the test fails saying how far it got.
 const LIMIT: Duration = Duration::from_secs(240);
 
@@ -173,9 +179,74 @@ async fn serve_ledger(ledger: Ledger) -> u16 {
     port
 }
 
+/// The broker under test, of the test's own.
+enum Broker {
+    Nats(OwnServer),
+    Pubsub(OwnEmulator),
+}
+
+impl Broker {
+    /// Starts one; `None` (after the SKIPPED line, or a failure with
+    /// `CI=true`) when it can't be run.
+    async fn start(kind: &str, test: &str) -> Option<Broker> {
+        match kind {
+            "nats" => match OwnServer::start().await {
+                Ok(n) => Some(Broker::Nats(n)),
+                Err(e) => {
+                    herald_nats::testing::unreachable(test, "a nats-server of its own", &e);
+                    None
+                }
+            },
+            _ => match OwnEmulator::start().await {
+                Ok(e) => Some(Broker::Pubsub(e)),
+                Err(e) => {
+                    herald_pubsub::testing::unreachable(test, "an emulator of its own", &e);
+                    None
+                }
+            },
+        }
+    }
+
+    /// The queue's lines of `herald.toml`.
+    fn config(&self) -> String {
+        match self {
+            Broker::Nats(n) => format!("queue = \"{}\"\nnats_stream = \"herald_dist\"", n.url()),
+            // Unary pulls: the emulator ignores a stream's flow control and
+            // keeps feeding a killed worker's stream (docs/pubsub.md,
+            // "The emulator"), which the real service is not known to do.
+            Broker::Pubsub(_) => {
+                "queue = \"pubsub://herald-test/herald-dist?subscription=herald-dist-workers\"\npubsub_pull = \"unary\""
+                    .into()
+            }
+        }
+    }
+
+    /// The environment a worker needs to find it.
+    fn env(&self) -> Vec<(&'static str, String)> {
+        match self {
+            Broker::Nats(_) => Vec::new(),
+            Broker::Pubsub(e) => vec![("PUBSUB_EMULATOR_HOST", e.host())],
+        }
+    }
+
+    fn stop(&mut self) {
+        match self {
+            Broker::Nats(n) => n.stop(),
+            Broker::Pubsub(e) => e.stop(),
+        }
+    }
+
+    async fn restart(&mut self) {
+        match self {
+            Broker::Nats(n) => n.restart().await.expect("restart nats-server"),
+            Broker::Pubsub(e) => e.restart().await.expect("restart the emulator"),
+        }
+    }
+}
+
 /// `herald serve` for worker `n`: the same configuration as the others but
 /// for its webhook's path, which tells the ledger who ran what.
-fn worker(dir: &Path, n: usize, store: &str, schema: &str, nats: &str, ledger: u16) -> Server {
+fn worker(dir: &Path, n: usize, store: &str, schema: &str, broker: &Broker, ledger: u16) -> Server {
     let config = dir.join(format!("worker{n}.toml"));
     std::fs::write(
         &config,
@@ -183,8 +254,7 @@ fn worker(dir: &Path, n: usize, store: &str, schema: &str, nats: &str, ledger: u
             r#"
 store = "{store}"
 pg_schema = "{schema}"
-queue = "{nats}"
-nats_stream = "herald_dist"
+{queue}
 listen = "127.0.0.1:0"
 max_batch = {BATCH}
 
@@ -202,6 +272,7 @@ secret = "distributed-test"
 timeout = "10s"
 "#,
             lease = LEASE.as_millis(),
+            queue = broker.config(),
         ),
     )
     .unwrap();
@@ -210,6 +281,7 @@ timeout = "10s"
         "HERALD_LOG",
         "info,herald::worker=debug,herald::worker::run=info,herald::worker::admission=info",
     );
+    cmd.envs(broker.env());
     Server::start(cmd)
 }
 
@@ -261,18 +333,35 @@ struct Run {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_workers_survive_a_sigkill_and_a_nats_restart_and_every_event_runs() {
-    let test = "three_workers_survive_a_sigkill_and_a_nats_restart_and_every_event_runs";
+    survive(
+        "nats",
+        "three_workers_survive_a_sigkill_and_a_nats_restart_and_every_event_runs",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_workers_survive_a_sigkill_and_a_pubsub_emulator_restart_and_every_event_runs() {
+    survive(
+        "pubsub",
+        "three_workers_survive_a_sigkill_and_a_pubsub_emulator_restart_and_every_event_runs",
+    )
+    .await;
+}
+
+/// One broker's run at a time: each drives three workers and the machine.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The test, on the broker `kind`.
+async fn survive(kind: &str, test: &str) {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let db = database_url();
     if let Err(e) = reachable().await {
         unreachable(test, &db, &e);
         return;
     }
-    let mut nats = match OwnServer::start().await {
-        Ok(n) => n,
-        Err(e) => {
-            herald_nats::testing::unreachable(test, "a nats-server of its own", &e);
-            return;
-        }
+    let Some(mut broker) = Broker::start(kind, test).await else {
+        return;
     };
     let dir = tempfile::tempdir().unwrap();
     let schema = common::migrated_schema(dir.path(), &db);
@@ -286,7 +375,7 @@ async fn three_workers_survive_a_sigkill_and_a_nats_restart_and_every_event_runs
     let port = serve_ledger(ledger.clone()).await;
 
     let mut workers: Vec<Server> = (0..WORKERS)
-        .map(|n| worker(dir.path(), n, &db, schema.name(), &nats.url(), port))
+        .map(|n| worker(dir.path(), n, &db, schema.name(), &broker, port))
         .collect();
     let emit_to: Vec<String> = (0..WORKERS)
         .filter(|n| *n != VICTIM)
@@ -314,8 +403,8 @@ async fn three_workers_survive_a_sigkill_and_a_nats_restart_and_every_event_runs
     );
     let _ = workers[VICTIM].wait(Duration::from_secs(10));
 
-    // The NATS restart, with emits and runs still going.
-    while ledger.started() < NATS_RESTART_AT {
+    // The broker's restart, with emits and runs still going.
+    while ledger.started() < BROKER_RESTART_AT {
         assert!(
             begun.elapsed() < LIMIT,
             "only {} runs started",
@@ -323,10 +412,10 @@ async fn three_workers_survive_a_sigkill_and_a_nats_restart_and_every_event_runs
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    nats.stop();
-    tokio::time::sleep(NATS_DOWN).await;
-    nats.restart().await.expect("restart nats-server");
-    eprintln!("{:?}: restarted NATS", begun.elapsed());
+    broker.stop();
+    tokio::time::sleep(BROKER_DOWN).await;
+    broker.restart().await;
+    eprintln!("{:?}: restarted {kind}", begun.elapsed());
 
     let ids = tokio::time::timeout(LIMIT, emitter)
         .await
@@ -509,5 +598,5 @@ async fn three_workers_survive_a_sigkill_and_a_nats_restart_and_every_event_runs
         caught.len(),
         lapsed.len()
     );
-    drop(nats);
+    drop(broker);
 }

@@ -146,6 +146,16 @@ pub enum QueueLocation {
     /// NATS JetStream at this URL (many worker processes). It may hold
     /// credentials; its `Display` hides them.
     Nats(String),
+    /// Google Cloud Pub/Sub (or its emulator, by `PUBSUB_EMULATOR_HOST`):
+    /// `pubsub://PROJECT/TOPIC?subscription=NAME`.
+    Pubsub {
+        /// The Google Cloud project.
+        project: String,
+        /// The topic's id.
+        topic: String,
+        /// The pull subscription's id.
+        subscription: String,
+    },
 }
 
 impl std::fmt::Display for QueueLocation {
@@ -153,6 +163,11 @@ impl std::fmt::Display for QueueLocation {
         match self {
             QueueLocation::Memory => write!(f, "memory"),
             QueueLocation::Nats(url) => write!(f, "{}", herald_nats::redact_url(url)),
+            QueueLocation::Pubsub {
+                project,
+                topic,
+                subscription,
+            } => write!(f, "pubsub://{project}/{topic}?subscription={subscription}"),
         }
     }
 }
@@ -178,6 +193,14 @@ pub struct ServeConfig {
     pub nats_max_ack_pending: i64,
     /// A NATS credentials file (`.creds`).
     pub nats_credentials: Option<PathBuf>,
+    /// Pub/Sub: the most messages one worker holds unanswered (the
+    /// streaming pull's `max_outstanding_messages`).
+    pub pubsub_max_outstanding: usize,
+    /// Pub/Sub: a service-account key file; `None` for Application Default
+    /// Credentials.
+    pub pubsub_credentials: Option<PathBuf>,
+    /// Pub/Sub: a streaming pull (default) or unary Pull requests.
+    pub pubsub_pull: herald_pubsub::PullMode,
     /// Most PostgreSQL connections in the pool.
     pub pg_max_connections: u32,
     /// How long a store call waits for a free PostgreSQL connection.
@@ -227,6 +250,9 @@ struct FileConfig {
     nats_replicas: Option<u64>,
     nats_max_ack_pending: Option<i64>,
     nats_credentials: Option<String>,
+    pubsub_max_outstanding: Option<u64>,
+    pubsub_credentials: Option<String>,
+    pubsub_pull: Option<String>,
     pg_max_connections: Option<u64>,
     pg_acquire_timeout: Option<Dur>,
     listen: Option<String>,
@@ -323,6 +349,17 @@ const ENV_KEYS: &[(&str, &str, Kind)] = &[
         Kind::Integer,
     ),
     ("HERALD_NATS_CREDENTIALS", "nats_credentials", Kind::Text),
+    (
+        "HERALD_PUBSUB_MAX_OUTSTANDING",
+        "pubsub_max_outstanding",
+        Kind::Integer,
+    ),
+    (
+        "HERALD_PUBSUB_CREDENTIALS",
+        "pubsub_credentials",
+        Kind::Text,
+    ),
+    ("HERALD_PUBSUB_PULL", "pubsub_pull", Kind::Text),
     (
         "HERALD_PG_MAX_CONNECTIONS",
         "pg_max_connections",
@@ -557,10 +594,23 @@ fn resolve(raw: FileConfig, origins: &Origins) -> Result<ServeConfig, ConfigErro
         url if url.starts_with("nats://") || url.starts_with("tls://") => {
             QueueLocation::Nats(url.to_string())
         }
+        url if url.starts_with("pubsub://") => {
+            // The lease is checked against Pub/Sub's limits below.
+            let c = herald_pubsub::PubsubConfig::from_url(url, Duration::from_secs(1))
+                .map_err(|e| match e {
+                    herald::QueueError::Config(m) => err("queue", m),
+                    other => err("queue", other.to_string()),
+                })?;
+            QueueLocation::Pubsub {
+                project: c.project,
+                topic: c.topic,
+                subscription: c.subscription,
+            }
+        }
         other => {
             return Err(err(
                 "queue",
-                format!("{:?} is not a queue this build has; write \"memory\" (the in-process queue) or a NATS URL like \"nats://127.0.0.1:4222\"", herald_nats::redact_url(other)),
+                format!("{:?} is not a queue this build has; write \"memory\" (the in-process queue), a NATS URL like \"nats://127.0.0.1:4222\", or a Pub/Sub location like \"pubsub://PROJECT/TOPIC?subscription=NAME\"", herald_nats::redact_url(other)),
             ))
         }
     };
@@ -632,6 +682,44 @@ fn resolve(raw: FileConfig, origins: &Origins) -> Result<ServeConfig, ConfigErro
             Some(path)
         }
     };
+    let pubsub_max_outstanding = match raw.pubsub_max_outstanding {
+        None => herald_pubsub::DEFAULT_MAX_OUTSTANDING,
+        Some(n) if n >= 1 && n <= i64::MAX as u64 => n as usize,
+        Some(n) => {
+            return Err(err(
+                "pubsub_max_outstanding",
+                format!("{n} is not a usable number of outstanding messages: write a whole number from 1 ({} is the default; it must cover the worker's concurrency and batch)", herald_pubsub::DEFAULT_MAX_OUTSTANDING),
+            ))
+        }
+    };
+    let pubsub_credentials = match raw.pubsub_credentials {
+        None => None,
+        Some(path) => {
+            let path = PathBuf::from(path);
+            match std::fs::metadata(&path) {
+                Ok(m) if m.is_file() => Some(path),
+                Ok(_) => {
+                    return Err(err(
+                        "pubsub_credentials",
+                        format!(
+                            "{} is not a file; give the path of a service-account key file (JSON), or leave it out for Application Default Credentials",
+                            path.display()
+                        ),
+                    ))
+                }
+                Err(e) => {
+                    return Err(err(
+                        "pubsub_credentials",
+                        format!("cannot read {}: {e}", path.display()),
+                    ))
+                }
+            }
+        }
+    };
+    let pubsub_pull = match raw.pubsub_pull.as_deref() {
+        None => herald_pubsub::PullMode::default(),
+        Some(text) => text.parse().map_err(|m| err("pubsub_pull", m))?,
+    };
     let pg_max_connections = match raw.pg_max_connections {
         None => DEFAULT_PG_MAX_CONNECTIONS,
         Some(n) => match u32::try_from(n) {
@@ -697,6 +785,18 @@ fn resolve(raw: FileConfig, origins: &Origins) -> Result<ServeConfig, ConfigErro
             ));
         }
         worker.lease = d;
+    }
+    if matches!(queue, QueueLocation::Pubsub { .. })
+        && worker.lease > herald_pubsub::MAX_ACK_DEADLINE
+    {
+        return Err(err(
+            "worker.lease",
+            format!(
+                "{:?} is too long for Pub/Sub, which holds a delivery for at most {:?}: use a lease up to 600s",
+                worker.lease,
+                herald_pubsub::MAX_ACK_DEADLINE
+            ),
+        ));
     }
     if let Some(Dur(d)) = w.sweep_every {
         if d.is_zero() {
@@ -773,6 +873,9 @@ fn resolve(raw: FileConfig, origins: &Origins) -> Result<ServeConfig, ConfigErro
         nats_replicas,
         nats_max_ack_pending,
         nats_credentials,
+        pubsub_max_outstanding,
+        pubsub_credentials,
+        pubsub_pull,
         pg_max_connections,
         pg_acquire_timeout,
         listen,
@@ -1227,6 +1330,113 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.nats_credentials, Some(creds));
+    }
+
+    #[test]
+    fn a_pubsub_queue_is_read_with_its_settings_from_the_file_and_the_environment() {
+        let c = load_with(None, &[], Overrides::default()).unwrap();
+        assert_eq!(c.pubsub_max_outstanding, 1_000);
+        assert_eq!(c.pubsub_credentials, None);
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("sa.json");
+        std::fs::write(&key, "{}").unwrap();
+        let file = format!(
+            "queue = \"pubsub://my-project/herald?subscription=workers\"\npubsub_max_outstanding = 500\npubsub_credentials = \"{}\"\n",
+            key.display()
+        );
+        let c = load_with(Some(&file), &[], Overrides::default()).unwrap();
+        assert_eq!(
+            c.queue,
+            QueueLocation::Pubsub {
+                project: "my-project".into(),
+                topic: "herald".into(),
+                subscription: "workers".into(),
+            }
+        );
+        assert_eq!(
+            c.queue.to_string(),
+            "pubsub://my-project/herald?subscription=workers"
+        );
+        assert_eq!(c.pubsub_max_outstanding, 500);
+        assert_eq!(c.pubsub_credentials, Some(key.clone()));
+        let c = load_with(
+            None,
+            &[
+                ("HERALD_QUEUE", "pubsub://my-project/events"),
+                ("HERALD_PUBSUB_MAX_OUTSTANDING", "64"),
+                ("HERALD_PUBSUB_CREDENTIALS", key.to_str().unwrap()),
+            ],
+            Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            c.queue.to_string(),
+            "pubsub://my-project/events?subscription=events-workers"
+        );
+        assert_eq!(c.pubsub_max_outstanding, 64);
+        assert_eq!(c.pubsub_pull, herald_pubsub::PullMode::Streaming);
+        assert_eq!(c.pubsub_credentials, Some(key));
+        let c = load_with(
+            None,
+            &[("HERALD_PUBSUB_PULL", "unary")],
+            Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(c.pubsub_pull, herald_pubsub::PullMode::Unary);
+        assert_eq!(c.pubsub_credentials, None);
+    }
+
+    #[test]
+    fn bad_pubsub_settings_name_the_key_and_the_fix() {
+        let cases: &[(&str, &str)] = &[
+            (
+                "queue = \"pubsub://my-project\"",
+                "queue: \"pubsub://my-project\" names no topic; write pubsub://PROJECT/TOPIC?subscription=NAME",
+            ),
+            (
+                "queue = \"pubsub://my-project/t?subscriptions=x\"",
+                "queue: \"pubsub://my-project/t?subscriptions=x\" has an unknown parameter",
+            ),
+            (
+                "queue = \"pubsub://P/herald\"",
+                "queue: \"P\" is not a Google Cloud project id",
+            ),
+            (
+                "pubsub_max_outstanding = 0",
+                "pubsub_max_outstanding: 0 is not a usable number of outstanding messages: write a whole number from 1 (1000 is the default",
+            ),
+            (
+                "pubsub_credentials = \"/nonexistent/sa.json\"",
+                "pubsub_credentials: cannot read /nonexistent/sa.json: No such file",
+            ),
+            (
+                "pubsub_credentials = \"/\"",
+                "pubsub_credentials: / is not a file",
+            ),
+            (
+                "pubsub_pull = \"push\"",
+                "pubsub_pull: \"push\" is not a way to pull: write \"streaming\" (the default) or \"unary\"",
+            ),
+            (
+                "queue = \"pubsub://my-project/herald\"\n[worker]\nlease = \"11m\"",
+                "worker.lease: 660s is too long for Pub/Sub, which holds a delivery for at most 600s",
+            ),
+        ];
+        for (file, says) in cases {
+            let m = message(load_with(Some(file), &[], Overrides::default()));
+            assert!(m.contains(says), "{file}: {m}");
+        }
+        let c = load_with(
+            Some("queue = \"pubsub://my-project/herald\"\n[worker]\nlease = \"3s\""),
+            &[],
+            Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            c.worker.lease,
+            Duration::from_secs(3),
+            "a lease under Pub/Sub's 10 s minimum deadline is fine"
+        );
     }
 
     #[test]

@@ -173,10 +173,22 @@ pub async fn stored(store: &dyn Store) -> u64 {
 /// Generates one `#[tokio::test]` per engine scenario, each on a fresh
 /// store from `$make` (an `async fn()` returning a [`Fixture`]: a
 /// `TestStore`, or `Option<TestStore>` for a service that may be absent).
+///
+/// `engine_suite!(fresh_store, queue = fresh_queue)` runs the same
+/// scenarios on a queue backend: `fresh_queue` is an `async fn(Duration)
+/// -> Option<TestQueue>` giving each rig a fresh queue with that ack wait
+/// (`None`, after saying so, when its service is unreachable: the test is
+/// skipped).
 #[macro_export]
 macro_rules! engine_suite {
     ($make:path) => {
-        $crate::engine_suite!(@tests $make;
+        $crate::engine_suite!(@suite $make, (None););
+    };
+    ($make:path, queue = $queue:path) => {
+        $crate::engine_suite!(@suite $make, (Some($queue)););
+    };
+    (@suite $make:path, $queue:tt;) => {
+        $crate::engine_suite!(@tests $make, $queue;
             one_event_succeeds,
             three_in_sequence,
             three_at_once,
@@ -208,7 +220,7 @@ macro_rules! engine_suite {
             dead_event_can_be_retried,
         );
     };
-    (@tests $make:path; $($name:ident),* $(,)?) => {
+    (@tests $make:path, $queue:tt; $($name:ident),* $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
@@ -217,10 +229,41 @@ macro_rules! engine_suite {
                 let Some(fixture) = $crate::testkit::Fixture::into_store($make().await) else {
                     return;
                 };
-                $crate::testkit::engine::$name(fixture.store.clone()).await;
+                let scenario = $crate::testkit::engine::$name(fixture.store.clone());
+                match $crate::engine_queue_maker! $queue {
+                    None => scenario.await,
+                    Some(maker) => {
+                        // One probe: a queue service that is away skips the test.
+                        if maker($crate::testkit::queue::ACK_WAIT).await.is_none() {
+                            return;
+                        }
+                        $crate::testkit::engine::with_queues(maker, scenario).await
+                    }
+                }
                 drop(fixture);
             }
         )*
+    };
+}
+
+/// The engine suite's queue maker from an optional `async fn(Duration)`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! engine_queue_maker {
+    (None) => {
+        None::<$crate::testkit::engine::QueueMaker>
+    };
+    (Some($queue:path)) => {
+        Some(::std::sync::Arc::new(|ack_wait: ::std::time::Duration| {
+            Box::pin($queue(ack_wait))
+                as ::std::pin::Pin<
+                    Box<
+                        dyn ::std::future::Future<
+                                Output = Option<$crate::testkit::queue::TestQueue>,
+                            > + Send,
+                    >,
+                >
+        }) as $crate::testkit::engine::QueueMaker)
     };
 }
 
