@@ -285,7 +285,10 @@ async fn main() {
     );
     for (name, params) in cases {
         let sql = &statements[name];
-        let routine = routine(&mut conn, &args.schema, &quoted, sql).await;
+        let routine = herald_postgres::testing::routines(&mut conn, &args.schema, &quoted, sql)
+            .await
+            .into_iter()
+            .next();
         conn.execute("BEGIN").await.unwrap();
         let prepare = match &routine {
             Some(r) => {
@@ -345,45 +348,4 @@ async fn main() {
             .await
             .expect("drop the scratch schema");
     }
-}
-
-/// A herald function a statement calls: its statement (the plpgsql body is
-/// `BEGIN RETURN QUERY <statement>; END`), its settings, its parameter types.
-struct Routine {
-    name: String,
-    body: String,
-    settings: Vec<String>,
-    types: Vec<String>,
-}
-
-async fn routine(
-    conn: &mut PgConnection,
-    schema: &str,
-    quoted: &str,
-    sql: &str,
-) -> Option<Routine> {
-    let rows = sqlx::query(
-        "SELECT p.proname::text, p.prosrc, coalesce(p.proconfig, '{}'), \
-                ARRAY(SELECT format_type(t, NULL) FROM unnest(p.proargtypes) AS t) \
-         FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = $1",
-    )
-    .bind(schema)
-    .fetch_all(&mut *conn)
-    .await
-    .expect("the schema's functions");
-    rows.iter()
-        .find(|r| sql.contains(&format!("{quoted}.{}(", r.get::<String, _>(0))))
-        .map(|r| {
-            let src: String = r.get(1);
-            // plpgsql bodies are `BEGIN [RETURN QUERY] <statement>; …`.
-            let rest = src.split_once("BEGIN").map_or(src.as_str(), |(_, r)| r);
-            let rest = rest.trim_start().trim_start_matches("RETURN QUERY");
-            let body = rest.split(';').next().unwrap_or(rest).trim().to_string();
-            Routine {
-                name: r.get(0),
-                body,
-                settings: r.get(2),
-                types: r.get(3),
-            }
-        })
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use herald::testkit::TestStore;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{Connection, PgConnection};
+use sqlx::{Connection, PgConnection, Row};
 
 use crate::PgStore;
 
@@ -166,4 +166,47 @@ pub async fn fresh_pg_store() -> Option<TestStore> {
         store: Arc::new(store),
         keep: Box::new(guard),
     })
+}
+
+/// A herald function a statement calls: its body's statement, its settings
+/// and its parameter types.
+pub struct Routine {
+    /// Its name.
+    pub name: String,
+    /// The statement of its body (`BEGIN [RETURN QUERY] <statement>; …`).
+    pub body: String,
+    /// Its own settings (`proconfig`, as `name=value`).
+    pub settings: Vec<String>,
+    /// Its parameter types.
+    pub types: Vec<String>,
+}
+
+/// The functions of `schema` (quoted as `q` in `sql`) that `sql` calls,
+/// for EXPLAIN of the statements they run (tests/plans.rs, bench/pg-explain).
+pub async fn routines(conn: &mut PgConnection, schema: &str, q: &str, sql: &str) -> Vec<Routine> {
+    let rows = sqlx::query(
+        "SELECT p.proname::text, p.prosrc, coalesce(p.proconfig, '{}'), \
+                ARRAY(SELECT format_type(t, NULL) FROM unnest(p.proargtypes) AS t) \
+         FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = $1",
+    )
+    .bind(schema)
+    .fetch_all(&mut *conn)
+    .await
+    .expect("the schema's functions");
+    rows.iter()
+        .filter(|r| sql.contains(&format!("{q}.{}(", r.get::<String, _>(0))))
+        .map(|r| {
+            let src: String = r.get(1);
+            // plpgsql bodies are `BEGIN [RETURN QUERY] <statement>; …`.
+            let rest = src.split_once("BEGIN").map_or(src.as_str(), |(_, r)| r);
+            let rest = rest.trim_start().trim_start_matches("RETURN QUERY");
+            let body = rest.split(';').next().unwrap_or(rest).trim().to_string();
+            Routine {
+                name: r.get(0),
+                body,
+                settings: r.get(2),
+                types: r.get(3),
+            }
+        })
+        .collect()
 }

@@ -9,7 +9,7 @@
 
 use herald_postgres::testing;
 use serde_json::Value;
-use sqlx::{Connection, Executor, PgConnection, Row};
+use sqlx::{Connection, Executor, PgConnection};
 
 /// The statements of the hot path (`PgStore::statements` names).
 const HOT: &[&str] = &[
@@ -105,44 +105,6 @@ async fn explain(conn: &mut PgConnection, q: &str, sql: &str, types: Option<&[St
     conn.execute("DEALLOCATE hot").await.expect("deallocate");
     let plan: Value = serde_json::from_str(&text).expect("EXPLAIN's JSON");
     plan[0]["Plan"].clone()
-}
-
-/// A herald function a statement calls: its body's statement, its settings
-/// and its parameter types.
-struct Routine {
-    name: String,
-    body: String,
-    settings: Vec<String>,
-    types: Vec<String>,
-}
-
-/// The functions of the schema that `sql` calls.
-async fn routines(conn: &mut PgConnection, schema: &str, q: &str, sql: &str) -> Vec<Routine> {
-    let rows = sqlx::query(
-        "SELECT p.proname::text, p.prosrc, coalesce(p.proconfig, '{}'), \
-                ARRAY(SELECT format_type(t, NULL) FROM unnest(p.proargtypes) AS t) \
-         FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = $1",
-    )
-    .bind(schema)
-    .fetch_all(&mut *conn)
-    .await
-    .expect("the schema's functions");
-    rows.iter()
-        .filter(|r| sql.contains(&format!("{q}.{}(", r.get::<String, _>(0))))
-        .map(|r| {
-            let src: String = r.get(1);
-            // plpgsql bodies are `BEGIN [RETURN QUERY] <statement>; …`.
-            let rest = src.split_once("BEGIN").map_or(src.as_str(), |(_, r)| r);
-            let rest = rest.trim_start().trim_start_matches("RETURN QUERY");
-            let body = rest.split(';').next().unwrap_or(rest).trim().to_string();
-            Routine {
-                name: r.get(0),
-                body,
-                settings: r.get(2),
-                types: r.get(3),
-            }
-        })
-        .collect()
 }
 
 /// What is wrong with a plan: every node reading `events` that is not an
@@ -272,7 +234,7 @@ async fn hot_statements_stay_bounded_by_the_batch_under_any_statistics() {
                 .expect("plan_cache_mode");
             for (name, sql) in &statements {
                 let mut plans = vec![(name.to_string(), explain(&mut conn, &q, sql, None).await)];
-                for r in routines(&mut conn, &schema, &q, sql).await {
+                for r in testing::routines(&mut conn, &schema, &q, sql).await {
                     // The body under the function's own settings.
                     conn.execute("BEGIN").await.expect("begin");
                     for s in &r.settings {
