@@ -1,39 +1,46 @@
-//! The worker's decision, as a pure function of plain data.
+//! The worker's decision, as pure functions of plain data that return whole answers.
 //!
 //! This file is DESIGN.md's decision table in code. A notification arrives;
-//! the worker first tries the one-statement claim (due, pending, unleased or
-//! expired, no rule). Only when that claims nothing does it load the event and
-//! ask [`admit`] why. When a handler finishes, [`settle`] says what to write
-//! and what to tell the queue. The runtime does the I/O around both.
+//! the worker first tries the one-statement claim (`Store::claim`: due,
+//! pending, unleased or expired, attempts left, a known handler, no rule).
+//! Only when that claims nothing does it load the event and ask [`admit`]
+//! why. When a handler finishes, [`settle`] says what to write. Each answer
+//! is a [`Plan`]: the write to make (if any) and, for each way the write can
+//! turn out, the [`Reply`] to the queue and the [`Tally`] it counts as. The
+//! runtime (`worker/`) carries plans out and decides nothing.
 //!
-//! | step | condition | outcome | reply |
-//! |---|---|---|---|
-//! | EventLoad | no such event (or not pending) | [`Admission::Drop`] | ack |
-//! | PauseCheck | a `block` rule matches | [`Admission::Drop`], event kept | ack |
-//! | PauseCheck | a `pause` rule matches | [`Admission::Drop`], event kept | ack |
-//! | DelayCheck | `run_at` in the future | [`Admission::Requeue`] | nack `run_at - now`, capped |
-//! | HandlerCheck | no handler of that name here | [`Admission::Drop`], event kept; the reconciler re-offers it | ack |
-//! | LockCheck | a live lease is held | [`Admission::Requeue`] | nack until expiry + jitter |
-//! | LockCheck | expired or no lease, no attempts left | [`Admission::Bury`] | ack |
-//! | LockCheck | no lease, or an expired one | [`Admission::Claim`] | |
-//! | LockClaim | compare-and-set lost | [`claim_lost`] | nack, short |
-//! | LockClaim | won | run, `attempt += 1` | extend while running |
-//! | Process | done | [`Settlement::Delete`] (or archive) | ack |
-//! | Process | failed, attempts left | [`Settlement::Retry`] | nack with the backoff |
-//! | Process | failed, no attempts left / failed for good | [`Settlement::Dead`] | ack |
-//! | Process | snoozed for `d` | [`Settlement::Snooze`], attempt given back | nack `d` |
-//! | Process | cancelled by shutdown | [`Settlement::Snooze`] with 0 | nack, no delay |
-//! | Process | lease lost | [`Settlement::Leave`]: write nothing | leave it |
-//! | any | the store failed | [`store_failed`]: write nothing | nack, short |
+//! | step | condition | outcome | reply | decided in |
+//! |---|---|---|---|---|
+//! | EventLoad | no such event (or not pending) | drop | ack | [`admit`]: [`Verdict::Drop`] |
+//! | PauseCheck | a `block` rule matches | drop, event kept | ack | [`admit`]: [`Verdict::Drop`] |
+//! | PauseCheck | a `pause` rule matches | drop, event kept | ack | [`admit`]: [`Verdict::Drop`] |
+//! | DelayCheck | `run_at` in the future | requeue | nack `run_at - now`, capped | [`admit`]: [`Verdict::Requeue`] |
+//! | HandlerCheck | no handler of that name here | drop, event kept; the reconciler re-offers it | ack | [`admit`]: [`Verdict::Drop`] |
+//! | LockCheck | a live lease is held | requeue | nack until expiry + jitter | [`admit`]: [`Verdict::Requeue`] |
+//! | LockCheck | expired or no lease, no attempts left | bury: fenced move to dead | ack; fence refused: as a lost claim | [`admit`]: [`Verdict::Bury`] |
+//! | LockCheck | no lease, or an expired one | claim | | the claim statement (`Store::claim`) |
+//! | LockClaim | compare-and-set lost | requeue | nack, short | [`admit`]: [`Verdict::Claim`] |
+//! | LockClaim | won | run, `attempt += 1` | extend while running | the claim statement; runs in `worker/run.rs` |
+//! | Process | done | delete (or archive) | ack | [`settle`] |
+//! | Process | failed, attempts left | release with the backoff | nack with the backoff | [`settle`] |
+//! | Process | failed, no attempts left / failed for good | bury | ack | [`settle`] |
+//! | Process | snoozed for `d` | release, attempt given back | nack `d` | [`settle`] |
+//! | Process | cancelled by shutdown | release with 0, attempt given back | nack, no delay | [`settle`] |
+//! | Process | lease lost | write nothing | leave it | [`settle`] |
+//! | Process | the fence refused the write | nothing more | leave it | [`settle`]: [`Write::refused`] |
+//! | any | the store failed | write nothing | nack, short | [`store_failed`], [`Write::failed`] |
 //!
-//! The `HandlerCheck` and the exhausted-`LockCheck` rows go beyond DESIGN.md;
-//! `docs/semantics.md` says why.
+//! "LockClaim, lost" is [`Verdict::Claim`]: [`admit`] is asked only about
+//! events the claim statement just refused, so an event it finds claimable
+//! changed in between: another worker won it. The `HandlerCheck` and the
+//! exhausted-`LockCheck` rows go beyond DESIGN.md; `docs/semantics.md` says why.
 
 use std::time::Duration;
 
 use crate::handler::Outcome;
 use crate::model::{Event, EventState, Millis, RuleMatch};
 use crate::retry::RetryPolicy;
+use crate::store::{Finish, LeaseRef, Settle};
 
 /// What the worker tells the queue about one notification.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,6 +52,73 @@ pub enum Reply {
     /// Do nothing: another worker owns the event now, and the notification's
     /// deadline will lapse on its own.
     Leave,
+}
+
+/// How a run's end was written to the store, as told to a
+/// [`RunObserver`](crate::RunObserver) and counted in the worker's stats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunSettled {
+    /// The handler finished: the event was deleted or archived.
+    Done,
+    /// The attempt failed and the event will run again.
+    Retried,
+    /// The attempt failed and the event moved to dead.
+    Dead,
+    /// The handler snoozed; the attempt was given back.
+    Snoozed,
+    /// Shutdown cancelled the run; the event was released to run again.
+    Cancelled,
+}
+
+/// What an answer counts as in the worker's stats, metrics and observer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tally {
+    /// Nothing: a run whose settle call failed is counted only as a store error.
+    Nothing,
+    /// A notification dropped without a run.
+    Dropped,
+    /// A notification put back on the queue without a run.
+    Requeued,
+    /// An event moved to dead without a run because its last attempt's
+    /// worker died: a dropped notification, a failed attempt and a death.
+    Buried,
+    /// A run's end that the store accepted.
+    Settled(RunSettled),
+    /// A run whose lease was lost while it ran: nothing written.
+    LeaseLost,
+    /// A run's end that the store refused: the lease is someone else's now.
+    FencedOut,
+}
+
+/// A reply to the queue and what it counts as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Answer {
+    /// What to tell the queue.
+    pub reply: Reply,
+    /// What to count.
+    pub tally: Tally,
+}
+
+/// A fenced store write and the answer for each way it can turn out.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Write {
+    /// What to write.
+    pub settle: Settle,
+    /// The store took the write.
+    pub held: Answer,
+    /// The store refused it: its fence (the lease token) no longer matched.
+    pub refused: Answer,
+    /// The store failed: nothing was written.
+    pub failed: Answer,
+}
+
+/// A decision's whole answer, for the runtime to carry out.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Plan {
+    /// Write nothing; answer this.
+    Answer(Answer),
+    /// Make this write, then answer as it turned out.
+    Write(Write),
 }
 
 /// The knobs of the decision. Defaults are documented on each field.
@@ -86,6 +160,13 @@ impl Policy {
             None => d,
         }
     }
+
+    fn requeue(&self, delay: Duration) -> Answer {
+        Answer {
+            reply: Reply::Nack(self.queue_delay(delay)),
+            tally: Tally::Requeued,
+        }
+    }
 }
 
 /// Everything the worker learned about an event it could not claim.
@@ -119,120 +200,142 @@ pub enum DropReason {
     UnknownHandler,
 }
 
-/// Why a notification goes back to the queue.
+/// Why a notification goes back to the queue without a claim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RequeueReason {
     /// `run_at` is in the future.
     NotYetDue,
     /// A live lease is held: the holder may still fail.
     Leased,
-    /// Another worker won the claim.
-    LostClaim,
-    /// The store failed.
-    StoreFailed,
 }
 
-/// The decision about a notification before any handler runs.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Admission {
+/// Which row of the table [`admit`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
     /// Forget the notification; the event (if any) stays as it is.
     Drop(DropReason),
-    /// Offer the notification again after `delay`.
-    Requeue {
-        /// How long until it comes back.
-        delay: Duration,
-        /// Why.
-        reason: RequeueReason,
-    },
-    /// Take the lease by compare-and-set.
+    /// Offer the notification again later.
+    Requeue(RequeueReason),
+    /// Claimable. [`admit`] is asked only after the claim statement refused
+    /// the event, so it changed in between: another worker won the claim.
     Claim,
     /// The last attempt's worker died (its lease expired): the event has no
     /// attempts left, so it goes dead instead of running again.
-    Bury {
-        /// The error to record.
-        error: String,
-    },
+    Bury,
 }
 
-impl Admission {
-    /// What to tell the queue.
-    pub fn reply(&self) -> Reply {
-        match self {
-            Admission::Drop(_) | Admission::Bury { .. } => Reply::Ack,
-            Admission::Requeue { delay, .. } => Reply::Nack(*delay),
-            // The caller claims, then follows `claim_lost` or runs the handler.
-            Admission::Claim => Reply::Leave,
-        }
-    }
+/// The answer about a notification the claim statement did not take.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Admission {
+    /// The row of the table that decided.
+    pub verdict: Verdict,
+    /// What to carry out.
+    pub plan: Plan,
 }
 
-/// EventLoad, PauseCheck, DelayCheck, HandlerCheck and LockCheck.
+/// EventLoad, PauseCheck, DelayCheck, HandlerCheck, LockCheck and LockClaim
+/// lost, for a notification the claim statement did not take.
 ///
 /// `jitter` is a uniform sample in `[0, 1)` from the caller.
 pub fn admit(seen: Inspection<'_>, policy: &Policy, jitter: f64) -> Admission {
+    let answer = |verdict, answer| Admission {
+        verdict,
+        plan: Plan::Answer(answer),
+    };
+    let drop = |reason| {
+        let ack = Answer {
+            reply: Reply::Ack,
+            tally: Tally::Dropped,
+        };
+        answer(Verdict::Drop(reason), ack)
+    };
     // EventLoad
     let Some(event) = seen.event else {
-        return Admission::Drop(DropReason::Missing);
+        return drop(DropReason::Missing);
     };
     if event.state != EventState::Pending {
-        return Admission::Drop(DropReason::Finished);
+        return drop(DropReason::Finished);
     }
     // PauseCheck: block is stronger, so it is checked (and reported) first.
     if seen.rules.blocked {
-        return Admission::Drop(DropReason::Blocked);
+        return drop(DropReason::Blocked);
     }
     if seen.rules.paused {
-        return Admission::Drop(DropReason::Paused);
+        return drop(DropReason::Paused);
     }
     // DelayCheck
     if event.run_at > seen.now {
-        return Admission::Requeue {
-            delay: policy.queue_delay(seen.now.until(event.run_at)),
-            reason: RequeueReason::NotYetDue,
-        };
+        let requeue = policy.requeue(seen.now.until(event.run_at));
+        return answer(Verdict::Requeue(RequeueReason::NotYetDue), requeue);
     }
     // HandlerCheck
     if !seen.handler_known {
-        return Admission::Drop(DropReason::UnknownHandler);
+        return drop(DropReason::UnknownHandler);
     }
     // LockCheck
     if let Some(lease) = event.lease {
         if lease.expires_at > seen.now {
             let spread = policy.lease_jitter.mul_f64(jitter.clamp(0.0, 1.0));
-            return Admission::Requeue {
-                delay: policy.queue_delay(seen.now.until(lease.expires_at) + spread),
-                reason: RequeueReason::Leased,
-            };
+            let requeue = policy.requeue(seen.now.until(lease.expires_at) + spread);
+            return answer(Verdict::Requeue(RequeueReason::Leased), requeue);
         }
     }
     if event.attempt >= event.max_attempts {
-        return Admission::Bury {
-            error: format!(
-                "attempt {}/{} did not finish: its worker stopped renewing the lease",
-                event.attempt, event.max_attempts
-            ),
-        };
+        return bury(event, policy);
     }
-    Admission::Claim
+    // LockClaim, lost
+    answer(Verdict::Claim, lost_claim(policy))
+}
+
+/// LockCheck with no attempts left: move the event to dead without a run.
+fn bury(event: &Event, policy: &Policy) -> Admission {
+    let error = format!(
+        "attempt {}/{} did not finish: its worker stopped renewing the lease",
+        event.attempt, event.max_attempts
+    );
+    Admission {
+        verdict: Verdict::Bury,
+        plan: Plan::Write(Write {
+            // Fenced by the expired lease: a worker that claims the event in
+            // between makes the store refuse this write.
+            settle: Settle {
+                id: event.id,
+                token: event.lease.map(|l| l.token),
+                finish: Finish::Bury { error },
+            },
+            held: Answer {
+                reply: Reply::Ack,
+                tally: Tally::Buried,
+            },
+            refused: lost_claim(policy),
+            failed: store_failed(policy),
+        }),
+    }
 }
 
 /// LockClaim, lost: another worker won the compare-and-set.
-pub fn claim_lost(policy: &Policy) -> Admission {
-    Admission::Requeue {
-        delay: policy.lost_claim_delay,
-        reason: RequeueReason::LostClaim,
+fn lost_claim(policy: &Policy) -> Answer {
+    Answer {
+        reply: Reply::Nack(policy.lost_claim_delay),
+        tally: Tally::Requeued,
     }
 }
 
-/// Any step: the store failed. Write nothing; the queue redelivers.
-pub fn store_failed(policy: &Policy) -> Admission {
-    Admission::Requeue {
-        delay: policy.store_retry_delay,
-        reason: RequeueReason::StoreFailed,
+/// Any step before a run: the store failed. Write nothing; the queue redelivers.
+pub fn store_failed(policy: &Policy) -> Answer {
+    Answer {
+        reply: Reply::Nack(policy.store_retry_delay),
+        tally: Tally::Requeued,
     }
 }
 
-/// How a run ended, as the runtime saw it.
+/// How a run ended, as the runtime saw it: the input of [`settle`].
+///
+/// It wraps the handler's [`Outcome`] rather than replacing it: `Outcome` is
+/// what a handler may answer (public API), while a run can also end in ways
+/// no handler answers (cancelled by shutdown, lease lost). The store's
+/// [`Finish`] is kept apart too: it is the store's vocabulary, free of
+/// attempts and policy. [`settle`] is the one mapping from this to that.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RunEnd {
     /// The handler returned.
@@ -243,102 +346,113 @@ pub enum RunEnd {
     LeaseLost,
 }
 
-/// What the run being settled looked like when it was claimed.
+impl RunEnd {
+    /// The handler's own error text, for a failed run.
+    pub fn error(&self) -> Option<&str> {
+        match self {
+            RunEnd::Returned(Outcome::Retry { error, .. } | Outcome::Fail(error)) => Some(error),
+            _ => None,
+        }
+    }
+}
+
+/// The run being settled, as it was claimed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Claimed {
+    /// The event and the lease token of this run: every write is fenced by it.
+    pub lease: LeaseRef,
     /// The attempt number of this run (after the claim's `+1`).
     pub attempt: u32,
     /// The event's attempt limit.
     pub max_attempts: u32,
 }
 
-/// The write that ends a run. Every variant but `Leave` is fenced by the
-/// run's lease token.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Settlement {
-    /// Done: delete the event.
-    Delete,
-    /// Done, with done-retention: keep it as `done`.
-    Archive,
-    /// Failed with attempts left: release the lease, run again after `wait`.
-    Retry {
-        /// How long until the next run (by the store's clock).
-        wait: Duration,
-        /// The error to record.
-        error: String,
-        /// The queue delay for the notification.
-        delay: Duration,
-    },
-    /// No attempts left, or failed for good: keep as `dead`.
-    Dead {
-        /// The error to record.
-        error: String,
-    },
-    /// Not now: release, run again after `wait`, give the attempt back.
-    Snooze {
-        /// How long until the next run (by the store's clock).
-        wait: Duration,
-        /// The queue delay for the notification.
-        delay: Duration,
-    },
-    /// The lease is someone else's now: write nothing.
-    Leave,
-}
-
-impl Settlement {
-    /// What to tell the queue once the write succeeded.
-    pub fn reply(&self) -> Reply {
-        match self {
-            Settlement::Delete | Settlement::Archive | Settlement::Dead { .. } => Reply::Ack,
-            Settlement::Retry { delay, .. } | Settlement::Snooze { delay, .. } => {
-                Reply::Nack(*delay)
-            }
-            Settlement::Leave => Reply::Leave,
-        }
-    }
-}
-
-/// Process: what to write after a run. `jitter` is a uniform sample in `[0, 1)`.
+/// Process: what to write after a run, and how to answer. `jitter` is a
+/// uniform sample in `[0, 1)`.
 ///
 /// Waits are relative: the store adds them to its own clock, the one that
 /// also judges leases.
-pub fn settle(run: Claimed, end: RunEnd, policy: &Policy, jitter: f64) -> Settlement {
-    let outcome = match end {
-        RunEnd::LeaseLost => return Settlement::Leave,
-        RunEnd::Cancelled => Outcome::Snooze(Duration::ZERO),
-        RunEnd::Returned(outcome) => outcome,
+pub fn settle(run: Claimed, end: RunEnd, policy: &Policy, jitter: f64) -> Plan {
+    let (outcome, cancelled) = match end {
+        RunEnd::LeaseLost => {
+            return Plan::Answer(Answer {
+                reply: Reply::Leave,
+                tally: Tally::LeaseLost,
+            })
+        }
+        RunEnd::Cancelled => (Outcome::Snooze(Duration::ZERO), true),
+        RunEnd::Returned(outcome) => (outcome, false),
     };
-    match outcome {
-        Outcome::Done if policy.keep_done => Settlement::Archive,
-        Outcome::Done => Settlement::Delete,
-        Outcome::Snooze(d) => Settlement::Snooze {
-            wait: d,
-            delay: policy.queue_delay(d),
-        },
-        Outcome::Fail(error) => Settlement::Dead {
-            error: format!(
-                "attempt {}/{} failed for good: {error}",
-                run.attempt, run.max_attempts
-            ),
-        },
-        Outcome::Retry { error, .. } if run.attempt >= run.max_attempts => Settlement::Dead {
-            error: format!(
-                "attempt {}/{} failed: {error}",
-                run.attempt, run.max_attempts
-            ),
-        },
+    let attempt = |verb: &str, error: &str| {
+        format!(
+            "attempt {}/{} {verb}: {error}",
+            run.attempt, run.max_attempts
+        )
+    };
+    let (finish, reply, how) = match outcome {
+        Outcome::Done if policy.keep_done => (Finish::Archive, Reply::Ack, RunSettled::Done),
+        Outcome::Done => (Finish::Delete, Reply::Ack, RunSettled::Done),
+        Outcome::Snooze(d) => (
+            Finish::Release {
+                wait: d,
+                error: None,
+                give_back: true,
+            },
+            Reply::Nack(policy.queue_delay(d)),
+            if cancelled {
+                RunSettled::Cancelled
+            } else {
+                RunSettled::Snoozed
+            },
+        ),
+        Outcome::Fail(error) => (
+            Finish::Bury {
+                error: attempt("failed for good", &error),
+            },
+            Reply::Ack,
+            RunSettled::Dead,
+        ),
+        Outcome::Retry { error, .. } if run.attempt >= run.max_attempts => (
+            Finish::Bury {
+                error: attempt("failed", &error),
+            },
+            Reply::Ack,
+            RunSettled::Dead,
+        ),
         Outcome::Retry { error, after } => {
             let wait = after.unwrap_or_else(|| policy.retry.backoff(run.attempt, jitter));
-            Settlement::Retry {
-                wait,
-                error: format!(
-                    "attempt {}/{} failed: {error}",
-                    run.attempt, run.max_attempts
-                ),
-                delay: policy.queue_delay(wait),
-            }
+            (
+                Finish::Release {
+                    wait,
+                    error: Some(attempt("failed", &error)),
+                    give_back: false,
+                },
+                Reply::Nack(policy.queue_delay(wait)),
+                RunSettled::Retried,
+            )
         }
-    }
+    };
+    Plan::Write(Write {
+        settle: Settle {
+            id: run.lease.id,
+            token: Some(run.lease.token),
+            finish,
+        },
+        held: Answer {
+            reply,
+            tally: Tally::Settled(how),
+        },
+        // The event and its notification belong to the new holder.
+        refused: Answer {
+            reply: Reply::Leave,
+            tally: Tally::FencedOut,
+        },
+        // Not `requeued`, which counts notifications put back without a run.
+        failed: Answer {
+            reply: Reply::Nack(policy.store_retry_delay),
+            tally: Tally::Nothing,
+        },
+    })
 }
 
 #[cfg(test)]
@@ -386,11 +500,31 @@ mod tests {
         }
     }
 
+    fn dropped() -> Plan {
+        Plan::Answer(Answer {
+            reply: Reply::Ack,
+            tally: Tally::Dropped,
+        })
+    }
+
+    fn requeued(delay: Duration) -> Plan {
+        Plan::Answer(Answer {
+            reply: Reply::Nack(delay),
+            tally: Tally::Requeued,
+        })
+    }
+
+    fn drop_of(reason: DropReason) -> Admission {
+        Admission {
+            verdict: Verdict::Drop(reason),
+            plan: dropped(),
+        }
+    }
+
     #[test]
     fn event_missing_is_dropped() {
         let a = admit(seen(None), &policy(), 0.5);
-        assert_eq!(a, Admission::Drop(DropReason::Missing));
-        assert_eq!(a.reply(), Reply::Ack);
+        assert_eq!(a, drop_of(DropReason::Missing));
     }
 
     #[test]
@@ -398,8 +532,7 @@ mod tests {
         for state in [EventState::Dead, EventState::Done] {
             let e = Event { state, ..event() };
             let a = admit(seen(Some(&e)), &policy(), 0.5);
-            assert_eq!(a, Admission::Drop(DropReason::Finished));
-            assert_eq!(a.reply(), Reply::Ack);
+            assert_eq!(a, drop_of(DropReason::Finished));
         }
     }
 
@@ -411,9 +544,8 @@ mod tests {
             blocked: true,
             paused: false,
         };
-        let a = admit(s, &policy(), 0.5);
-        assert_eq!(a, Admission::Drop(DropReason::Blocked));
-        assert_eq!(a.reply(), Reply::Ack);
+        // Kept: a drop writes nothing.
+        assert_eq!(admit(s, &policy(), 0.5), drop_of(DropReason::Blocked));
     }
 
     #[test]
@@ -424,9 +556,7 @@ mod tests {
             blocked: false,
             paused: true,
         };
-        let a = admit(s, &policy(), 0.5);
-        assert_eq!(a, Admission::Drop(DropReason::Paused));
-        assert_eq!(a.reply(), Reply::Ack);
+        assert_eq!(admit(s, &policy(), 0.5), drop_of(DropReason::Paused));
     }
 
     #[test]
@@ -438,8 +568,8 @@ mod tests {
             paused: true,
         };
         assert_eq!(
-            admit(s, &policy(), 0.5),
-            Admission::Drop(DropReason::Blocked)
+            admit(s, &policy(), 0.5).verdict,
+            Verdict::Drop(DropReason::Blocked)
         );
     }
 
@@ -452,8 +582,8 @@ mod tests {
         let mut s = seen(Some(&e));
         s.rules.paused = true;
         assert_eq!(
-            admit(s, &policy(), 0.5),
-            Admission::Drop(DropReason::Paused)
+            admit(s, &policy(), 0.5).verdict,
+            Verdict::Drop(DropReason::Paused)
         );
     }
 
@@ -463,15 +593,13 @@ mod tests {
             run_at: NOW.plus(Duration::from_secs(42)),
             ..event()
         };
-        let a = admit(seen(Some(&e)), &policy(), 0.5);
         assert_eq!(
-            a,
-            Admission::Requeue {
-                delay: Duration::from_secs(42),
-                reason: RequeueReason::NotYetDue
+            admit(seen(Some(&e)), &policy(), 0.5),
+            Admission {
+                verdict: Verdict::Requeue(RequeueReason::NotYetDue),
+                plan: requeued(Duration::from_secs(42)),
             }
         );
-        assert_eq!(a.reply(), Reply::Nack(Duration::from_secs(42)));
     }
 
     #[test]
@@ -485,8 +613,8 @@ mod tests {
             ..policy()
         };
         assert_eq!(
-            admit(seen(Some(&e)), &p, 0.5).reply(),
-            Reply::Nack(Duration::from_secs(600))
+            admit(seen(Some(&e)), &p, 0.5).plan,
+            requeued(Duration::from_secs(600))
         );
     }
 
@@ -495,9 +623,10 @@ mod tests {
         let e = event();
         let mut s = seen(Some(&e));
         s.handler_known = false;
-        let a = admit(s, &policy(), 0.5);
-        assert_eq!(a, Admission::Drop(DropReason::UnknownHandler));
-        assert_eq!(a.reply(), Reply::Ack);
+        assert_eq!(
+            admit(s, &policy(), 0.5),
+            drop_of(DropReason::UnknownHandler)
+        );
     }
 
     #[test]
@@ -510,19 +639,18 @@ mod tests {
             attempt: 1,
             ..event()
         };
-        let a = admit(seen(Some(&e)), &policy(), 0.5);
         assert_eq!(
-            a,
-            Admission::Requeue {
-                delay: Duration::from_millis(10_500),
-                reason: RequeueReason::Leased
+            admit(seen(Some(&e)), &policy(), 0.5),
+            Admission {
+                verdict: Verdict::Requeue(RequeueReason::Leased),
+                plan: requeued(Duration::from_millis(10_500)),
             }
         );
         // Jitter only ever adds, so nobody comes back before the expiry.
-        let Admission::Requeue { delay, .. } = admit(seen(Some(&e)), &policy(), 0.0) else {
-            panic!("expected a requeue");
-        };
-        assert_eq!(delay, Duration::from_secs(10));
+        assert_eq!(
+            admit(seen(Some(&e)), &policy(), 0.0).plan,
+            requeued(Duration::from_secs(10))
+        );
     }
 
     #[test]
@@ -535,55 +663,119 @@ mod tests {
             attempt: 1,
             ..event()
         };
-        assert_eq!(admit(seen(Some(&e)), &policy(), 0.5), Admission::Claim);
+        assert_eq!(
+            admit(seen(Some(&e)), &policy(), 0.5).verdict,
+            Verdict::Claim
+        );
     }
 
     #[test]
     fn no_lease_is_claimed() {
         let e = event();
-        assert_eq!(admit(seen(Some(&e)), &policy(), 0.5), Admission::Claim);
+        assert_eq!(
+            admit(seen(Some(&e)), &policy(), 0.5).verdict,
+            Verdict::Claim
+        );
     }
 
     #[test]
     fn expired_lease_without_attempts_left_is_buried() {
+        let token = LeaseToken::new();
         let e = Event {
             lease: Some(Lease {
-                token: LeaseToken::new(),
+                token,
                 expires_at: NOW.minus(Duration::from_secs(1)),
             }),
             attempt: 3,
             ..event()
         };
         let a = admit(seen(Some(&e)), &policy(), 0.5);
-        assert!(matches!(a, Admission::Bury { ref error } if error.contains("3/3")));
-        assert_eq!(a.reply(), Reply::Ack);
+        assert_eq!(a.verdict, Verdict::Bury);
+        let Plan::Write(w) = a.plan else {
+            panic!("a burial writes: {a:?}");
+        };
+        assert_eq!(w.settle.id, e.id);
+        assert_eq!(w.settle.token, Some(token), "fenced by the expired lease");
+        assert!(
+            matches!(w.settle.finish, Finish::Bury { ref error } if error.contains("3/3")),
+            "{w:?}"
+        );
+        assert_eq!(
+            w.held,
+            Answer {
+                reply: Reply::Ack,
+                tally: Tally::Buried
+            }
+        );
+        // Someone claimed it in between: as a lost claim.
+        assert_eq!(
+            w.refused,
+            Answer {
+                reply: Reply::Nack(Duration::from_millis(100)),
+                tally: Tally::Requeued
+            }
+        );
+        assert_eq!(w.failed, store_failed(&policy()));
     }
 
     #[test]
     fn lost_claim_requeues() {
-        let a = claim_lost(&policy());
+        // Asked only after the claim statement refused it: someone else won.
+        let e = event();
         assert_eq!(
-            a,
-            Admission::Requeue {
-                delay: Duration::from_millis(100),
-                reason: RequeueReason::LostClaim
+            admit(seen(Some(&e)), &policy(), 0.5),
+            Admission {
+                verdict: Verdict::Claim,
+                plan: requeued(Duration::from_millis(100)),
             }
         );
-        assert_eq!(a.reply(), Reply::Nack(Duration::from_millis(100)));
     }
 
     fn run(attempt: u32) -> Claimed {
         Claimed {
+            lease: LeaseRef {
+                id: EventId::new(),
+                token: LeaseToken::new(),
+            },
             attempt,
             max_attempts: 3,
         }
     }
 
+    /// The plan of a run whose end the store accepts with `finish`.
+    fn written(run: Claimed, finish: Finish, reply: Reply, how: RunSettled) -> Plan {
+        Plan::Write(Write {
+            settle: Settle {
+                id: run.lease.id,
+                token: Some(run.lease.token),
+                finish,
+            },
+            held: Answer {
+                reply,
+                tally: Tally::Settled(how),
+            },
+            refused: Answer {
+                reply: Reply::Leave,
+                tally: Tally::FencedOut,
+            },
+            failed: Answer {
+                reply: Reply::Nack(Duration::from_secs(1)),
+                tally: Tally::Nothing,
+            },
+        })
+    }
+
+    fn returned(outcome: Outcome) -> RunEnd {
+        RunEnd::Returned(outcome)
+    }
+
     #[test]
     fn done_deletes() {
-        let s = settle(run(1), RunEnd::Returned(Outcome::Done), &policy(), 0.5);
-        assert_eq!(s, Settlement::Delete);
-        assert_eq!(s.reply(), Reply::Ack);
+        let r = run(1);
+        assert_eq!(
+            settle(r, returned(Outcome::Done), &policy(), 0.5),
+            written(r, Finish::Delete, Reply::Ack, RunSettled::Done)
+        );
     }
 
     #[test]
@@ -592,28 +784,30 @@ mod tests {
             keep_done: true,
             ..policy()
         };
-        let s = settle(run(1), RunEnd::Returned(Outcome::Done), &p, 0.5);
-        assert_eq!(s, Settlement::Archive);
-        assert_eq!(s.reply(), Reply::Ack);
+        let r = run(1);
+        assert_eq!(
+            settle(r, returned(Outcome::Done), &p, 0.5),
+            written(r, Finish::Archive, Reply::Ack, RunSettled::Done)
+        );
     }
 
     #[test]
     fn failure_with_attempts_left_retries_with_backoff() {
-        let s = settle(
-            run(2),
-            RunEnd::Returned(Outcome::retry("boom")),
-            &policy(),
-            0.5,
-        );
+        let r = run(2);
+        let release = Finish::Release {
+            wait: Duration::from_secs(2),
+            error: Some("attempt 2/3 failed: boom".into()),
+            give_back: false,
+        };
         assert_eq!(
-            s,
-            Settlement::Retry {
-                wait: Duration::from_secs(2),
-                error: "attempt 2/3 failed: boom".into(),
-                delay: Duration::from_secs(2),
-            }
+            settle(r, returned(Outcome::retry("boom")), &policy(), 0.5),
+            written(
+                r,
+                release,
+                Reply::Nack(Duration::from_secs(2)),
+                RunSettled::Retried
+            )
         );
-        assert_eq!(s.reply(), Reply::Nack(Duration::from_secs(2)));
     }
 
     #[test]
@@ -622,87 +816,135 @@ mod tests {
             error: "rate limited".into(),
             after: Some(Duration::from_secs(7)),
         };
-        let s = settle(run(1), RunEnd::Returned(out), &policy(), 0.5);
-        assert!(matches!(s, Settlement::Retry { wait, .. } if wait == Duration::from_secs(7)));
+        let Plan::Write(w) = settle(run(1), returned(out), &policy(), 0.5) else {
+            panic!("a failure writes");
+        };
+        assert!(
+            matches!(w.settle.finish, Finish::Release { wait, .. } if wait == Duration::from_secs(7))
+        );
+        assert_eq!(w.held.reply, Reply::Nack(Duration::from_secs(7)));
     }
 
     #[test]
     fn failure_without_attempts_left_goes_dead() {
-        let s = settle(
-            run(3),
-            RunEnd::Returned(Outcome::retry("boom")),
-            &policy(),
-            0.5,
-        );
+        let r = run(3);
+        let bury = Finish::Bury {
+            error: "attempt 3/3 failed: boom".into(),
+        };
         assert_eq!(
-            s,
-            Settlement::Dead {
-                error: "attempt 3/3 failed: boom".into()
-            }
+            settle(r, returned(Outcome::retry("boom")), &policy(), 0.5),
+            written(r, bury, Reply::Ack, RunSettled::Dead)
         );
-        assert_eq!(s.reply(), Reply::Ack);
     }
 
     #[test]
     fn failure_for_good_goes_dead_at_once() {
-        let s = settle(
-            run(1),
-            RunEnd::Returned(Outcome::fail("bad input")),
-            &policy(),
-            0.5,
+        let r = run(1);
+        let bury = Finish::Bury {
+            error: "attempt 1/3 failed for good: bad input".into(),
+        };
+        assert_eq!(
+            settle(r, returned(Outcome::fail("bad input")), &policy(), 0.5),
+            written(r, bury, Reply::Ack, RunSettled::Dead)
         );
-        assert!(matches!(s, Settlement::Dead { ref error } if error.contains("failed for good")));
     }
 
     #[test]
     fn snooze_gives_the_attempt_back() {
-        let s = settle(
-            run(3),
-            RunEnd::Returned(Outcome::Snooze(Duration::from_secs(5))),
-            &policy(),
-            0.5,
-        );
         // Snooze at the last attempt still snoozes: the attempt is given back.
+        let r = run(3);
+        let release = Finish::Release {
+            wait: Duration::from_secs(5),
+            error: None,
+            give_back: true,
+        };
         assert_eq!(
-            s,
-            Settlement::Snooze {
-                wait: Duration::from_secs(5),
-                delay: Duration::from_secs(5)
-            }
+            settle(
+                r,
+                returned(Outcome::Snooze(Duration::from_secs(5))),
+                &policy(),
+                0.5
+            ),
+            written(
+                r,
+                release,
+                Reply::Nack(Duration::from_secs(5)),
+                RunSettled::Snoozed
+            )
         );
-        assert_eq!(s.reply(), Reply::Nack(Duration::from_secs(5)));
     }
 
     #[test]
     fn shutdown_cancel_snoozes_zero() {
-        let s = settle(run(1), RunEnd::Cancelled, &policy(), 0.5);
+        let r = run(1);
+        let release = Finish::Release {
+            wait: Duration::ZERO,
+            error: None,
+            give_back: true,
+        };
         assert_eq!(
-            s,
-            Settlement::Snooze {
-                wait: Duration::ZERO,
-                delay: Duration::ZERO
-            }
+            settle(r, RunEnd::Cancelled, &policy(), 0.5),
+            written(
+                r,
+                release,
+                Reply::Nack(Duration::ZERO),
+                RunSettled::Cancelled
+            )
         );
-        assert_eq!(s.reply(), Reply::Nack(Duration::ZERO));
     }
 
     #[test]
     fn lost_lease_cancels_and_writes_nothing() {
-        let s = settle(run(1), RunEnd::LeaseLost, &policy(), 0.5);
-        assert_eq!(s, Settlement::Leave);
-        assert_eq!(s.reply(), Reply::Leave);
+        assert_eq!(
+            settle(run(1), RunEnd::LeaseLost, &policy(), 0.5),
+            Plan::Answer(Answer {
+                reply: Reply::Leave,
+                tally: Tally::LeaseLost
+            })
+        );
+    }
+
+    #[test]
+    fn fenced_out_settle_leaves_the_notification() {
+        let Plan::Write(w) = settle(run(1), returned(Outcome::Done), &policy(), 0.5) else {
+            panic!("a run's end writes");
+        };
+        assert_eq!(
+            w.refused,
+            Answer {
+                reply: Reply::Leave,
+                tally: Tally::FencedOut
+            }
+        );
     }
 
     #[test]
     fn store_error_nacks() {
-        let a = store_failed(&policy());
-        assert_eq!(a.reply(), Reply::Nack(Duration::from_secs(1)));
-        assert!(matches!(
-            a,
-            Admission::Requeue {
-                reason: RequeueReason::StoreFailed,
-                ..
+        assert_eq!(
+            store_failed(&policy()),
+            Answer {
+                reply: Reply::Nack(Duration::from_secs(1)),
+                tally: Tally::Requeued
             }
-        ));
+        );
+        // A run whose settle failed nacks too, counted only as a store error.
+        let Plan::Write(w) = settle(run(1), returned(Outcome::Done), &policy(), 0.5) else {
+            panic!("a run's end writes");
+        };
+        assert_eq!(
+            w.failed,
+            Answer {
+                reply: Reply::Nack(Duration::from_secs(1)),
+                tally: Tally::Nothing
+            }
+        );
+    }
+
+    #[test]
+    fn run_end_error_is_the_handlers_own_text() {
+        assert_eq!(returned(Outcome::retry("boom")).error(), Some("boom"));
+        assert_eq!(returned(Outcome::fail("bad")).error(), Some("bad"));
+        assert_eq!(returned(Outcome::Done).error(), None);
+        assert_eq!(RunEnd::Cancelled.error(), None);
     }
 }

@@ -7,11 +7,11 @@ use std::time::Duration;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 use super::settle::Ended;
-use super::{run, Shared, WorkerStats};
-use crate::decision::{self, Admission};
+use super::{run, Instruments, Shared, WorkerStats};
+use crate::decision::{self, Answer, Plan, Reply, Tally, Write};
 use crate::model::{EventId, LeaseToken, Notification};
 use crate::queue::{Delivery, DeliveryTag};
-use crate::store::{Finish, Settle};
+use crate::store::{Settle, StoreResult};
 
 /// Takes batches of notifications while slots are free, until told to stop.
 pub(super) async fn receive_loop(shared: Arc<Shared>, ended: mpsc::UnboundedSender<Ended>) {
@@ -173,7 +173,7 @@ async fn admit_batch(
     };
     let found: HashMap<EventId, _> = seen.found.iter().map(|i| (i.event.id, i)).collect();
     let mut answers = Answers::default();
-    let mut burials = Vec::new();
+    let mut writes = Vec::new();
     for (id, tag) in rest {
         let item = found.get(&id);
         let inspection = decision::Inspection {
@@ -182,72 +182,48 @@ async fn admit_batch(
             handler_known: item.is_none_or(|i| shared.handlers.contains_key(&i.event.handler)),
             now: seen.now,
         };
-        let admission = match decision::admit(inspection, &policy, Shared::jitter()) {
-            // The one-statement claim already failed, so someone changed the
-            // event in between: another worker won it.
-            Admission::Claim => decision::claim_lost(&policy),
-            other => other,
-        };
+        let admission = decision::admit(inspection, &policy, Shared::jitter());
         tracing::debug!(event = %id, ?admission, "not claimed");
-        match admission {
-            Admission::Bury { error } => {
-                let lease = item.and_then(|i| i.event.lease).map(|l| l.token);
-                let handler = item.map(|i| i.event.handler.as_str()).unwrap_or_default();
-                burials.push((
-                    Settle {
-                        id,
-                        token: lease,
-                        finish: Finish::Bury { error },
-                    },
-                    tag,
-                    shared.instruments(handler),
-                ));
-            }
-            other => answers.add(&shared.stats, tag, &other),
+        let handler = item.map(|i| i.event.handler.as_str()).unwrap_or_default();
+        match admission.plan {
+            Plan::Answer(answer) => answers.add(&shared, tag, answer, None),
+            Plan::Write(write) => writes.push((write, tag, shared.instruments(handler))),
         }
     }
-    if !burials.is_empty() {
-        let writes: Vec<Settle> = burials.iter().map(|(s, _, _)| s.clone()).collect();
-        match shared.store.settle(&writes).await {
-            Ok(done) => {
-                for ((s, tag, instruments), ok) in burials.into_iter().zip(done) {
-                    if ok {
-                        // Its last attempt failed (its worker died): count it as a failure and a death.
-                        instruments.failed.increment(1);
-                        instruments.dead.increment(1);
-                        if let Some(observer) = &shared.observer {
-                            observer.settled(&instruments.name, super::RunSettled::Dead);
-                        }
-                        tracing::warn!(event = %s.id, "no attempts left after its worker died: moved to dead");
-                        WorkerStats::add(&shared.stats.buried, 1);
-                        answers.add(
-                            &shared.stats,
-                            tag,
-                            &Admission::Drop(decision::DropReason::Finished),
-                        );
-                    } else {
-                        answers.add(&shared.stats, tag, &decision::claim_lost(&policy));
-                    }
-                }
+    if !writes.is_empty() {
+        let settles: Vec<Settle> = writes.iter().map(|(w, _, _)| w.settle.clone()).collect();
+        let held = shared.store.settle(&settles).await;
+        if let Err(e) = &held {
+            tracing::warn!(error = %e, "cannot move exhausted events to dead");
+            WorkerStats::add(&shared.stats.store_errors, 1);
+        }
+        for (i, (write, tag, instruments)) in writes.into_iter().enumerate() {
+            let answer = written(&write, &held, i);
+            if answer.tally == Tally::Buried {
+                tracing::warn!(event = %write.settle.id, "no attempts left after its worker died: moved to dead");
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot move exhausted events to dead");
-                WorkerStats::add(&shared.stats.store_errors, 1);
-                for (_, tag, _) in burials {
-                    answers.add(&shared.stats, tag, &decision::store_failed(&policy));
-                }
-            }
+            answers.add(&shared, tag, answer, Some(&instruments));
         }
     }
     answers.send(&shared).await;
 }
 
-async fn requeue_all(shared: &Shared, notes: Vec<(EventId, DeliveryTag)>, admission: Admission) {
+async fn requeue_all(shared: &Shared, notes: Vec<(EventId, DeliveryTag)>, answer: Answer) {
     let mut answers = Answers::default();
     for (_, tag) in notes {
-        answers.add(&shared.stats, tag, &admission);
+        answers.add(shared, tag, answer, None);
     }
     answers.send(shared).await;
+}
+
+/// The answer of the `i`th of a batch of writes, as the store's `held`
+/// (one flag per write) says it turned out.
+pub(super) fn written(write: &Write, held: &StoreResult<Vec<bool>>, i: usize) -> Answer {
+    match held {
+        Ok(held) if held.get(i) == Some(&true) => write.held,
+        Ok(_) => write.refused,
+        Err(_) => write.failed,
+    }
 }
 
 /// Acks and nacks collected for one batch, sent as one call each.
@@ -258,25 +234,20 @@ pub(super) struct Answers {
 }
 
 impl Answers {
-    fn add(&mut self, stats: &WorkerStats, tag: DeliveryTag, admission: &Admission) {
-        match admission.reply() {
-            decision::Reply::Ack => {
-                WorkerStats::add(&stats.dropped, 1);
-                self.acks.push(tag);
-            }
-            decision::Reply::Nack(delay) => {
-                WorkerStats::add(&stats.requeued, 1);
-                self.nacks.push((tag, delay));
-            }
-            decision::Reply::Leave => {}
-        }
-    }
-
-    pub(super) fn reply(&mut self, tag: DeliveryTag, reply: decision::Reply) {
-        match reply {
-            decision::Reply::Ack => self.acks.push(tag),
-            decision::Reply::Nack(delay) => self.nacks.push((tag, delay)),
-            decision::Reply::Leave => {}
+    /// Queues `answer`'s reply and counts it; `instruments` are the
+    /// handler's metric handles, for tallies that count in the metrics.
+    pub(super) fn add(
+        &mut self,
+        shared: &Shared,
+        tag: DeliveryTag,
+        answer: Answer,
+        instruments: Option<&Instruments>,
+    ) {
+        shared.tally(answer.tally, instruments);
+        match answer.reply {
+            Reply::Ack => self.acks.push(tag),
+            Reply::Nack(delay) => self.nacks.push((tag, delay)),
+            Reply::Leave => {}
         }
     }
 

@@ -48,7 +48,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::decision::Policy;
+use crate::decision::{Policy, Tally};
 use crate::handler::{FnHandler, Handler, IntoOutcome, JobHandler};
 use crate::model::Millis;
 use crate::queue::{DeliveryTag, Queue};
@@ -58,24 +58,10 @@ use crate::{Context, Job};
 
 use metrics::{Counter, Gauge, Histogram};
 
+pub use crate::decision::RunSettled;
 pub use stats::{StatsSnapshot, WorkerStats};
 
 use settle::Ended;
-
-/// How a run's end was written to the store, as told to a [`RunObserver`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RunSettled {
-    /// The handler finished: the event was deleted or archived.
-    Done,
-    /// The attempt failed and the event will run again.
-    Retried,
-    /// The attempt failed and the event moved to dead.
-    Dead,
-    /// The handler snoozed; the attempt was given back.
-    Snoozed,
-    /// Shutdown cancelled the run; the event was released to run again.
-    Cancelled,
-}
 
 /// Told about every run of a worker as it starts and as its end is written,
 /// for statistics kept in the application (the `herald serve` stats
@@ -475,6 +461,56 @@ pub(crate) struct Shared {
 impl Shared {
     fn jitter() -> f64 {
         rand::random::<f64>()
+    }
+
+    /// Counts what an answer [tallies](Tally) as: in the stats, the
+    /// handler's metrics (`instruments`) and the observer.
+    fn tally(&self, tally: Tally, instruments: Option<&Instruments>) {
+        let stats = &self.stats;
+        let settled = |how| {
+            if let (Some(observer), Some(i)) = (&self.observer, instruments) {
+                observer.settled(&i.name, how);
+            }
+        };
+        match tally {
+            Tally::Nothing => {}
+            Tally::Dropped => WorkerStats::add(&stats.dropped, 1),
+            Tally::Requeued => WorkerStats::add(&stats.requeued, 1),
+            Tally::LeaseLost => WorkerStats::add(&stats.lease_lost, 1),
+            Tally::FencedOut => WorkerStats::add(&stats.fenced_out, 1),
+            Tally::Buried => {
+                // Its last attempt failed (its worker died): a failure and a death.
+                if let Some(i) = instruments {
+                    i.failed.increment(1);
+                    i.dead.increment(1);
+                }
+                settled(RunSettled::Dead);
+                WorkerStats::add(&stats.buried, 1);
+                WorkerStats::add(&stats.dropped, 1);
+            }
+            Tally::Settled(how) => {
+                let counter = match how {
+                    RunSettled::Done => &stats.done,
+                    RunSettled::Retried => &stats.retried,
+                    RunSettled::Dead => &stats.dead,
+                    RunSettled::Snoozed => &stats.snoozed,
+                    RunSettled::Cancelled => &stats.cancelled,
+                };
+                WorkerStats::add(counter, 1);
+                if let Some(i) = instruments {
+                    match how {
+                        RunSettled::Done => i.done.increment(1),
+                        RunSettled::Retried => i.failed.increment(1),
+                        RunSettled::Dead => {
+                            i.failed.increment(1);
+                            i.dead.increment(1);
+                        }
+                        RunSettled::Snoozed | RunSettled::Cancelled => {}
+                    }
+                }
+                settled(how);
+            }
+        }
     }
 
     /// The metric handles of `handler` (registered at start; made on the

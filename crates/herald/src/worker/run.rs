@@ -56,6 +56,7 @@ pub(super) fn start(
     shared.tasks.spawn(async move {
         let started = Instant::now();
         let claimed = Claimed {
+            lease,
             attempt: event.attempt,
             max_attempts: event.max_attempts,
         };
@@ -96,7 +97,6 @@ pub(super) fn start(
         tracing::debug!(event = %event.id, handler = %event.handler, attempt = event.attempt, ?end, elapsed = ?started.elapsed(), "run ended");
         // The settler outlives every run (shutdown waits for runs first).
         let _ = to_settle.send(Ended {
-            lease,
             tag,
             claimed,
             tenant: event.tenant,
