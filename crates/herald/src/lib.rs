@@ -33,5 +33,5 @@ pub use store::{
 };
 pub use worker::{
     RunObserver, RunSettled, ShutdownHandle, ShutdownReport, StatsSnapshot, Worker, WorkerBuilder,
-    WorkerConfig, WorkerStats,
+    WorkerConfig, WorkerConfigError, WorkerStats,
 };

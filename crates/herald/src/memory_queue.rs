@@ -119,9 +119,10 @@ impl MemoryQueue {
     }
 }
 
+/// A queue whose ack wait is the worker's default lease, as [`MemoryQueue::new`] asks.
 impl Default for MemoryQueue {
     fn default() -> Self {
-        MemoryQueue::new(Duration::from_secs(30))
+        MemoryQueue::new(crate::worker::DEFAULT_LEASE)
     }
 }
 

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use herald::{
     Client, ClientError, Context, EmitOptions, EmitRequest, Emitted, EventId, EventState,
-    HandlerError, Job, MemoryQueue, Queue, StatsSnapshot, Store, Worker, WorkerStats,
+    HandlerError, Job, MemoryQueue, Queue, RunObserver, RunSettled, StatsSnapshot, Store, Worker,
+    WorkerConfig, WorkerConfigError, WorkerStats,
 };
 use serde::{Deserialize, Serialize};
 
@@ -155,4 +156,52 @@ async fn worker_stats_are_named_from_outside() {
     let live = WorkerStats::default();
     assert_eq!(live.snapshot(), StatsSnapshot::default());
     worker.shutdown(Duration::from_secs(5)).await;
+}
+
+/// Counts settled runs, as an application's observer would.
+#[derive(Default)]
+struct Settled(std::sync::Mutex<Vec<RunSettled>>);
+
+impl RunObserver for Settled {
+    fn settled(&self, _handler: &str, how: RunSettled) {
+        self.0.lock().unwrap().push(how);
+    }
+}
+
+#[tokio::test]
+async fn an_observer_is_named_from_outside() {
+    let r = rig();
+    let observer = Arc::new(Settled::default());
+    let worker = Worker::builder(r.store.clone(), r.queue.clone() as Arc<dyn Queue>)
+        .job::<Fragile>()
+        .observer(observer.clone())
+        .start();
+    r.client.emit("acme", &Fragile { n: 0 }).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while worker.stats().done < 1 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    worker.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(*observer.0.lock().unwrap(), [RunSettled::Done]);
+}
+
+#[tokio::test]
+async fn a_worker_whose_heartbeat_would_spin_does_not_start() {
+    let r = rig();
+    let refused = Worker::builder(r.store.clone(), r.queue.clone() as Arc<dyn Queue>)
+        .job::<Fragile>()
+        .lease(Duration::ZERO)
+        .try_start();
+    let Err(err) = refused else {
+        panic!("a worker with a zero lease started");
+    };
+    let err: WorkerConfigError = err;
+    assert_eq!(err.field(), "lease");
+    assert!(err.to_string().contains("(9s is the default)"), "{err}");
+    // The same check, for a program that validates before it builds.
+    let config = WorkerConfig {
+        batch: 0,
+        ..WorkerConfig::default()
+    };
+    assert_eq!(config.validate().unwrap_err().field(), "batch");
 }

@@ -7,7 +7,8 @@ use std::time::Duration;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 use super::settle::Ended;
-use super::{run, Instruments, Shared, WorkerStats};
+use super::telemetry::{Instruments, RunEvent};
+use super::{run, Shared};
 use crate::decision::{self, Answer, Plan, Reply, Tally, Write};
 use crate::model::{EventId, LeaseToken, Notification};
 use crate::queue::{Delivery, DeliveryTag};
@@ -110,7 +111,7 @@ async fn admit_batch(
     mut slots: OwnedSemaphorePermit,
     ended: mpsc::UnboundedSender<Ended>,
 ) {
-    WorkerStats::add(&shared.stats.received, deliveries.len());
+    shared.record(RunEvent::Received(deliveries.len()));
     let mut notes: Vec<(EventId, DeliveryTag)> = Vec::with_capacity(deliveries.len());
     let mut garbage = Vec::new();
     for d in deliveries {
@@ -125,7 +126,7 @@ async fn admit_batch(
         }
     }
     if !garbage.is_empty() {
-        WorkerStats::add(&shared.stats.garbage, garbage.len());
+        shared.record(RunEvent::Garbage(garbage.len()));
         if let Err(e) = shared.queue.terminate(&garbage).await {
             tracing::warn!(error = %e, "cannot remove garbage from the queue");
         }
@@ -144,7 +145,7 @@ async fn admit_batch(
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(error = %e, events = ids.len(), "claim failed; notifications go back to the queue");
-            WorkerStats::add(&shared.stats.store_errors, 1);
+            shared.record(RunEvent::StoreFailed);
             return requeue_all(&shared, notes, decision::store_failed(&policy)).await;
         }
     };
@@ -167,7 +168,7 @@ async fn admit_batch(
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(error = %e, "inspect failed; notifications go back to the queue");
-            WorkerStats::add(&shared.stats.store_errors, 1);
+            shared.record(RunEvent::StoreFailed);
             return requeue_all(&shared, rest, decision::store_failed(&policy)).await;
         }
     };
@@ -195,7 +196,7 @@ async fn admit_batch(
         let held = shared.store.settle(&settles).await;
         if let Err(e) = &held {
             tracing::warn!(error = %e, "cannot move exhausted events to dead");
-            WorkerStats::add(&shared.stats.store_errors, 1);
+            shared.record(RunEvent::StoreFailed);
         }
         for (i, (write, tag, instruments)) in writes.into_iter().enumerate() {
             let answer = written(&write, &held, i);
@@ -243,7 +244,10 @@ impl Answers {
         answer: Answer,
         instruments: Option<&Instruments>,
     ) {
-        shared.tally(answer.tally, instruments);
+        shared.record(RunEvent::Answered {
+            tally: answer.tally,
+            handler: instruments,
+        });
         match answer.reply {
             Reply::Ack => self.acks.push(tag),
             Reply::Nack(delay) => self.nacks.push((tag, delay)),

@@ -3,7 +3,8 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::{Shared, WorkerStats};
+use super::telemetry::RunEvent;
+use super::{RunEntry, Shared};
 use crate::model::Millis;
 use crate::store::LeaseRef;
 
@@ -42,14 +43,15 @@ async fn beat(shared: &Shared) {
                     let Some(run) = runs.get_mut(l) else { continue };
                     if ok {
                         run.renewed_at = now;
-                        run.instruments.renewals.increment(1);
+                        shared.record(RunEvent::Renewed {
+                            handler: &run.instruments,
+                        });
                         tags.push(run.tag.clone());
                     } else {
-                        lose(l, run);
+                        lose(shared, l, run);
                     }
                 }
             }
-            WorkerStats::add(&shared.stats.renewed, tags.len());
             // Bounded by one beat: a broker that is away must not hold up
             // the next renewal in the store, which is what keeps the leases.
             match tokio::time::timeout(lease / 3, shared.queue.extend(&tags)).await {
@@ -63,28 +65,30 @@ async fn beat(shared: &Shared) {
             }
         }
         Err(e) => {
-            WorkerStats::add(&shared.stats.store_errors, 1);
+            shared.record(RunEvent::StoreFailed);
             tracing::warn!(error = %e, leases = held.len(), "lease renewal failed");
             // Past a whole lease without a renewal, the lease has surely lapsed.
             let cutoff = Millis::now().minus(lease);
             let mut runs = shared.runs.lock().expect("runs lock");
             for (l, run) in runs.iter_mut() {
                 if run.renewed_at <= cutoff {
-                    lose(l, run);
+                    lose(shared, l, run);
                 }
             }
         }
     }
 }
 
-fn lose(lease: &LeaseRef, run: &super::RunEntry) {
+fn lose(shared: &Shared, lease: &LeaseRef, run: &RunEntry) {
     // A run that already ended is settled by the fence, not cancelled: a
     // failed renewal may only mean its settle landed first.
     if run.ended.load(Ordering::Acquire) {
         return;
     }
     if !run.lost.swap(true, Ordering::AcqRel) {
-        run.instruments.losses.increment(1);
+        shared.record(RunEvent::LeaseLost {
+            handler: &run.instruments,
+        });
         tracing::warn!(event = %lease.id, "lease lost: cancelling the handler");
         run.cancel.cancel();
     }

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Shared, WorkerStats};
+use super::telemetry::RunEvent;
+use super::Shared;
 use crate::model::Millis;
 use crate::queue::Publish;
 
@@ -42,7 +43,7 @@ pub(super) async fn reconcile_loop(shared: Arc<Shared>) {
                     };
                     if sweep(&shared, quiet).await {
                         full_sweep = false;
-                        WorkerStats::add(&shared.stats.sweeps, 1);
+                        shared.record(RunEvent::Swept);
                     }
                     purge(&shared).await;
                     every
@@ -54,7 +55,7 @@ pub(super) async fn reconcile_loop(shared: Arc<Shared>) {
                 }
             }
             Err(e) => {
-                WorkerStats::add(&shared.stats.store_errors, 1);
+                shared.record(RunEvent::StoreFailed);
                 tracing::warn!(error = %e, "cannot take or keep the reconciler lease");
                 every
             }
@@ -81,7 +82,7 @@ async fn sweep(shared: &Shared, quiet: Duration) -> bool {
         let page = match shared.store.sweep(quiet, pass, PAGE).await {
             Ok(p) => p,
             Err(e) => {
-                WorkerStats::add(&shared.stats.store_errors, 1);
+                shared.record(RunEvent::StoreFailed);
                 tracing::warn!(error = %e, "sweep failed");
                 return false;
             }
@@ -106,7 +107,7 @@ async fn sweep(shared: &Shared, quiet: Duration) -> bool {
                 return false;
             }
         }
-        WorkerStats::add(&shared.stats.reconciled, n);
+        shared.record(RunEvent::Reconciled(n));
         tracing::debug!(events = n, "reconciler notified events");
         if page.complete {
             return true;
@@ -123,7 +124,7 @@ async fn purge(shared: &Shared) {
             Ok(n) if (n as usize) < PAGE => return,
             Ok(_) => continue,
             Err(e) => {
-                WorkerStats::add(&shared.stats.store_errors, 1);
+                shared.record(RunEvent::StoreFailed);
                 tracing::warn!(error = %e, "purge failed");
                 return;
             }

@@ -9,7 +9,8 @@ use futures::FutureExt;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 use super::settle::Ended;
-use super::{RunEntry, Shared, WorkerStats};
+use super::telemetry::RunEvent;
+use super::{RunEntry, Shared};
 use crate::decision::{Claimed, RunEnd};
 use crate::handler::{Context, Outcome};
 use crate::model::{Event, LeaseToken, Millis};
@@ -35,11 +36,6 @@ pub(super) fn start(
     };
     let instruments = shared.instruments(&event.handler);
     let waited = since(event.run_at);
-    instruments.emit_to_start.record(waited.as_secs_f64());
-    instruments.in_flight.increment(1.0);
-    if let Some(observer) = &shared.observer {
-        observer.started(&event.handler, waited);
-    }
     shared.runs.lock().expect("runs lock").insert(
         lease,
         RunEntry {
@@ -51,9 +47,13 @@ pub(super) fn start(
             instruments: instruments.clone(),
         },
     );
-    WorkerStats::add(&shared.stats.claimed, 1);
+    shared.record(RunEvent::Started {
+        handler: &instruments,
+        waited,
+    });
     let handler = shared.handlers.get(&event.handler).cloned();
-    shared.tasks.spawn(async move {
+    let shared = shared.clone();
+    shared.clone().tasks.spawn(async move {
         let started = Instant::now();
         let claimed = Claimed {
             lease,
@@ -69,9 +69,9 @@ pub(super) fn start(
             token,
             cancel.clone(),
         );
-        let end = match handler {
+        let (end, ran) = match handler {
             // The claim only takes events of handlers this worker has.
-            None => RunEnd::Returned(Outcome::retry(format!("no handler named {:?} here", event.handler))),
+            None => (RunEnd::Returned(Outcome::retry(format!("no handler named {:?} here", event.handler))), None),
             Some(h) => {
                 let call = AssertUnwindSafe(h.call(&event.payload, cx)).catch_unwind();
                 // Cancellation wins a tie: a handler that returns because it was
@@ -83,16 +83,20 @@ pub(super) fn start(
                         Outcome::retry(format!("handler panicked: {}", panic_message(&*panic)))
                     })),
                 };
-                instruments.duration.record(started.elapsed().as_secs_f64());
-                match returned {
+                let ran = started.elapsed();
+                let end = match returned {
                     _ if lost.load(Ordering::Acquire) => RunEnd::LeaseLost,
                     Some(outcome) => RunEnd::Returned(outcome),
                     None => RunEnd::Cancelled,
-                }
+                };
+                (end, Some(ran))
             }
         };
         ended.store(true, Ordering::Release);
-        instruments.in_flight.decrement(1.0);
+        shared.record(RunEvent::Ran {
+            handler: &instruments,
+            ran,
+        });
         drop(slot);
         tracing::debug!(event = %event.id, handler = %event.handler, attempt = event.attempt, ?end, elapsed = ?started.elapsed(), "run ended");
         // The settler outlives every run (shutdown waits for runs first).

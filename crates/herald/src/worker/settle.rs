@@ -6,7 +6,8 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 use super::admission::{written, Answers};
-use super::{Instruments, Shared, WorkerStats};
+use super::telemetry::{Instruments, RunEvent};
+use super::Shared;
 use crate::decision::{self, Claimed, Plan, RunEnd, RunSettled, Tally, Write};
 use crate::queue::DeliveryTag;
 use crate::store::{Finish, Settle};
@@ -76,7 +77,7 @@ async fn settle_batch(shared: &Shared, batch: Vec<Ended>) {
         let settles: Vec<Settle> = writes.iter().map(|(_, w)| w.settle.clone()).collect();
         let held = shared.store.settle(&settles).await;
         if let Err(err) = &held {
-            WorkerStats::add(&shared.stats.store_errors, 1);
+            shared.record(RunEvent::StoreFailed);
             tracing::warn!(error = %err, runs = settles.len(), "cannot settle runs; notifications go back to the queue");
         }
         for (i, (e, write)) in writes.iter().enumerate() {
