@@ -106,7 +106,7 @@ impl WorkerBuilder {
         self
     }
 
-    /// How long a claim lasts without renewal.
+    /// How long a claim lasts without renewal, at least [`MIN_LEASE`](super::MIN_LEASE).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.config.lease = lease;
         self
