@@ -1,11 +1,8 @@
-//! The `herald` program.
+//! The `herald` program: its command line, logging and exit codes; the
+//! commands themselves are in the `herald_server` library.
 #![forbid(unsafe_code)]
 
-mod cli;
-mod demo;
-mod handlers;
-mod migrate;
-mod serve;
+use herald_server::{cli, demo, handlers, migrate, serve};
 
 use clap::{Parser, Subcommand};
 

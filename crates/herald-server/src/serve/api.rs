@@ -23,9 +23,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use super::auth::{Caller, Tokens};
-use super::config::parse_duration;
 use super::error::{ApiError, JsonBody, PathParams, QueryParams};
 use super::recent::{RecentStats, Tracker};
+use crate::config::parse_duration;
 
 /// The OpenAPI document, served at `/openapi.json`.
 pub const OPENAPI: &str = include_str!("openapi.json");
