@@ -1,6 +1,5 @@
 //! The `herald` program: its command line, logging and exit codes; the
 //! commands themselves are in the `herald_server` library.
-#![forbid(unsafe_code)]
 
 use herald_server::{cli, demo, handlers, migrate, serve};
 

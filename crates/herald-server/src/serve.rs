@@ -4,10 +4,10 @@
 //! at once).
 
 pub mod api;
-mod auth;
-mod error;
-mod recent;
-mod telemetry;
+pub mod auth;
+pub mod error;
+pub mod recent;
+pub mod telemetry;
 mod ui;
 
 #[cfg(test)]
