@@ -91,14 +91,6 @@ impl<T> Ctx<T> for Result<T, sqlx::Error> {
     }
 }
 
-pub(crate) fn state_code(s: EventState) -> i16 {
-    match s {
-        EventState::Pending => 0,
-        EventState::Dead => 1,
-        EventState::Done => 2,
-    }
-}
-
 fn bad(index: usize, what: String) -> sqlx::Error {
     sqlx::Error::ColumnDecode {
         index: index.to_string(),
@@ -107,12 +99,7 @@ fn bad(index: usize, what: String) -> sqlx::Error {
 }
 
 pub(crate) fn state_from(index: usize, v: i16) -> Result<EventState, sqlx::Error> {
-    match v {
-        0 => Ok(EventState::Pending),
-        1 => Ok(EventState::Dead),
-        2 => Ok(EventState::Done),
-        other => Err(bad(index, format!("unknown event state {other}"))),
-    }
+    EventState::from_code(v.into()).ok_or_else(|| bad(index, format!("unknown event state {v}")))
 }
 
 fn u32_at(row: &PgRow, index: usize) -> Result<u32, sqlx::Error> {

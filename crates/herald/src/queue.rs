@@ -7,6 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::model::Notification;
+use crate::store::Scheduled;
 
 /// Errors from a queue.
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +47,15 @@ pub struct Publish {
     pub notification: Notification,
     /// When to deliver it, from now. Queues cap it at [`Queue::max_delay`].
     pub delay: Duration,
+}
+
+impl From<Scheduled> for Publish {
+    fn from(s: Scheduled) -> Self {
+        Publish {
+            notification: s.notification,
+            delay: s.delay,
+        }
+    }
 }
 
 /// A message queue with delays, acks and deadlines.

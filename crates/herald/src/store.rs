@@ -157,6 +157,19 @@ pub struct Scheduled {
     pub delay: Duration,
 }
 
+impl Scheduled {
+    /// A notification of `tenant`'s event `id`, due now.
+    pub fn due(tenant: String, id: EventId) -> Self {
+        Scheduled {
+            notification: Notification {
+                tenant,
+                event_id: id,
+            },
+            delay: Duration::ZERO,
+        }
+    }
+}
+
 /// Where a sweep pass is: its cutoff, fixed by the pass's first page by the
 /// store's clock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -477,6 +490,9 @@ pub trait Store: Send + Sync + 'static {
     /// [`SweepPage::pass`] to the next call until a page says it is
     /// complete. The fixed cutoff is what ends a pass whose quiet period is
     /// shorter than the pass itself takes.
+    ///
+    /// [`crate::sweep::Sweep`] decides the call; a store carries out its
+    /// steps in one short transaction.
     async fn sweep(
         &self,
         quiet: Duration,
