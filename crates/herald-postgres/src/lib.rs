@@ -204,7 +204,7 @@ fn rand_millis(max: u64) -> u64 {
 
 fn rule_kind(kind: &str, op: &str) -> StoreResult<RuleKind> {
     RuleKind::parse(kind)
-        .ok_or_else(|| StoreError::Backend(format!("{op}: unknown rule kind {kind}")))
+        .ok_or_else(|| StoreError::backend(op, format!("unknown rule kind {kind}")))
 }
 
 impl PgStore {
@@ -459,10 +459,13 @@ impl PgStore {
             }
         }
         if !todo.is_empty() {
-            return Err(StoreError::Backend(format!(
-                "{OP}: {} event(s) kept conflicting on their idempotency keys; try again",
-                todo.len()
-            ))
+            return Err(StoreError::backend(
+                OP,
+                format!(
+                    "{} event(s) kept conflicting on their idempotency keys; try again",
+                    todo.len()
+                ),
+            )
             .into());
         }
         for (i, j) in repeats {
@@ -1187,7 +1190,7 @@ impl Store for PgStore {
         match text.flatten() {
             None => Ok(Vec::new()),
             Some(t) => serde_json::from_str(&t).map_err(|e| {
-                StoreError::Backend(format!("{OP}: event {id} has unreadable errors: {e}"))
+                StoreError::backend(format!("{OP}: event {id} has unreadable errors"), e)
             }),
         }
     }

@@ -75,7 +75,7 @@ impl From<DbError> for StoreError {
                 op,
                 source: Box::new(source),
             },
-            sql => StoreError::Backend(sql.to_string()),
+            DbError::Sql { op, source } => StoreError::backend(op, source),
         }
     }
 }
@@ -148,4 +148,23 @@ pub(crate) fn event(row: &PgRow, at: usize) -> Result<Option<Event>, sqlx::Error
 /// Reads an event that must be there.
 pub(crate) fn event_row(row: &PgRow) -> Result<Event, sqlx::Error> {
     event(row, 0)?.ok_or_else(|| bad(0, "the event id is NULL".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_statement_keeps_sqlx_s_error_as_the_source() {
+        let failed: Result<(), sqlx::Error> = Err(sqlx::Error::RowNotFound);
+        let e = StoreError::from(failed.ctx("claim").unwrap_err());
+        match &e {
+            StoreError::Backend { context, source } => {
+                assert_eq!(context, "claim");
+                assert!(source.downcast_ref::<sqlx::Error>().is_some(), "{source:?}");
+            }
+            other => panic!("expected Backend, got {other:?}"),
+        }
+        assert!(e.to_string().starts_with("store failed: claim: "), "{e}");
+    }
 }

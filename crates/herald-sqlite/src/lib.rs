@@ -181,11 +181,7 @@ fn rule_match(conn: &Connection, op: &str, tenant: &str, handler: &str) -> Store
         match RuleKind::parse(&kind) {
             Some(RuleKind::Block) => m.blocked = true,
             Some(RuleKind::Pause) => m.paused = true,
-            None => {
-                return Err(StoreError::Backend(format!(
-                    "{op}: unknown rule kind {kind}"
-                )))
-            }
+            None => return Err(StoreError::backend(op, format!("unknown rule kind {kind}"))),
         }
     }
     Ok(m)
@@ -603,9 +599,8 @@ impl Store for SqliteStore {
             let mut out = Vec::new();
             for row in rows {
                 let (tenant, handler, kind) = row.ctx(OP)?;
-                let kind = RuleKind::parse(&kind).ok_or_else(|| {
-                    StoreError::Backend(format!("{OP}: unknown rule kind {kind}"))
-                })?;
+                let kind = RuleKind::parse(&kind)
+                    .ok_or_else(|| StoreError::backend(OP, format!("unknown rule kind {kind}")))?;
                 out.push(Rule {
                     tenant,
                     handler,
@@ -764,7 +759,7 @@ impl Store for SqliteStore {
             .await?;
         text.map_or(Ok(Vec::new()), |t| {
             serde_json::from_str(&t).map_err(|e| {
-                StoreError::Backend(format!("history: event {id} has unreadable errors: {e}"))
+                StoreError::backend(format!("history: event {id} has unreadable errors"), e)
             })
         })
     }

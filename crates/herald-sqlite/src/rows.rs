@@ -13,7 +13,7 @@ pub(crate) const EVENT_COLUMNS: &str = "id, tenant, handler, payload, state, run
 
 /// Wraps a rusqlite error as a backend error naming the operation.
 pub(crate) fn backend(op: &str, e: rusqlite::Error) -> StoreError {
-    StoreError::Backend(format!("{op}: {e}"))
+    StoreError::backend(op, e)
 }
 
 /// `.ctx("op")` on rusqlite results.
