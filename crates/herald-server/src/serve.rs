@@ -313,9 +313,10 @@ async fn open_store(config: &ServeConfig) -> Result<Arc<dyn Store>, StoreError> 
     Ok(match &config.store {
         StoreLocation::Sqlite(path) => {
             let path = path.clone();
+            let context = format!("open {}", path.display());
             let store = tokio::task::spawn_blocking(move || SqliteStore::open(path))
                 .await
-                .map_err(|e| StoreError::Backend(e.to_string()))??;
+                .map_err(|e| StoreError::backend(context, e))??;
             Arc::new(store)
         }
         StoreLocation::Postgres(url) => {
