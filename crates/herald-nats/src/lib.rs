@@ -285,8 +285,8 @@ pub struct NatsQueue {
     pull: tokio::sync::Mutex<PullState>,
 }
 
-fn backend(what: &str, e: impl std::fmt::Display) -> QueueError {
-    QueueError::Backend(format!("{what}: {e}"))
+fn backend(what: &str, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> QueueError {
+    QueueError::backend(what, e)
 }
 
 fn unix_ms(t: SystemTime) -> u64 {
@@ -509,7 +509,8 @@ impl NatsQueue {
     /// however large it is and however long the server is away.
     async fn publish_all(&self, messages: Vec<(Vec<u8>, Duration, String)>) -> QueueResult<()> {
         let mut left: Vec<usize> = (0..messages.len()).collect();
-        let mut last = String::new();
+        type Cause = Box<dyn std::error::Error + Send + Sync>;
+        let mut last: Option<Cause> = None;
         for attempt in 0..PUBLISH_TRIES {
             if attempt > 0 {
                 tokio::time::sleep(PUBLISH_PAUSE * attempt).await;
@@ -531,8 +532,8 @@ impl NatsQueue {
             // awaited, so awaiting them in turn would add up the timeouts.
             let landed = futures::future::join_all(sent.into_iter().map(|(i, ack)| async move {
                 let landed = match ack {
-                    Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
-                    Err(e) => Err(e.to_string()),
+                    Ok(ack) => ack.await.map(|_| ()).map_err(Cause::from),
+                    Err(e) => Err(Cause::from(e)),
                 };
                 (i, landed)
             }))
@@ -540,7 +541,7 @@ impl NatsQueue {
             let mut failed = Vec::new();
             for (i, landed) in landed {
                 if let Err(e) = landed {
-                    last = e;
+                    last = Some(e);
                     failed.push(i);
                 }
             }
@@ -549,12 +550,15 @@ impl NatsQueue {
             }
             left = failed;
         }
-        Err(QueueError::Backend(format!(
-            "publish to {}: {} of {} messages not acknowledged after {PUBLISH_TRIES} tries: {last}",
-            self.config.subject,
-            left.len(),
-            messages.len()
-        )))
+        Err(QueueError::backend(
+            format!(
+                "publish to {}: {} of {} messages not acknowledged after {PUBLISH_TRIES} tries",
+                self.config.subject,
+                left.len(),
+                messages.len()
+            ),
+            last.unwrap_or_else(|| "no try was made".into()),
+        ))
     }
 
     /// Sends unconfirmed answers (nak, in-progress, term), then one flush,
@@ -852,7 +856,10 @@ impl Queue for NatsQueue {
                     })?
                     .map_err(|e| backend("confirm an ack", e))?;
                 match reply.status {
-                    Some(status) if !status.is_success() => Err(backend("confirm an ack", status)),
+                    Some(status) if !status.is_success() => Err(backend(
+                        "confirm an ack",
+                        format!("the server answered {status}"),
+                    )),
                     _ => Ok(()),
                 }
             }

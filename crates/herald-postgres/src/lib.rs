@@ -47,6 +47,7 @@ use herald::store::{
     CappedCount, CountsQuery, EventFilter, Finish, HandlerCounts, Inspected, Inspection, LeaseRef,
     PendingSample, Scheduled, Settle, StoreResult, SweepPage, SweepPass,
 };
+use herald::sweep::{Candidate, Source, Step, Sweep, Writes};
 use herald::{
     AttemptError, Emitted, Event, EventId, EventState, Leadership, LeaseToken, Millis, NewEvent,
     Notification, Rule, RuleKind, RuleMatch, Store, StoreError,
@@ -55,9 +56,9 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Connection, PgConnection, Row};
 use uuid::Uuid;
 
-use crate::rows::{event, event_row, state_code, Ctx, DbError, EVENT_COLUMN_COUNT};
+use crate::rows::{event, event_row, Ctx, DbError, EVENT_COLUMN_COUNT};
 use crate::schema::SchemaName;
-use crate::sql::Sql;
+use crate::sql::{SettleKind, Sql};
 
 pub use crate::schema::{SchemaNameError, DEFAULT_SCHEMA, SCHEMA_VERSION};
 
@@ -128,31 +129,6 @@ fn limit_i64(limit: usize) -> i64 {
 fn uuids(ids: &[EventId]) -> Vec<Uuid> {
     ids.iter().map(|id| id.0).collect()
 }
-
-fn due(tenant: String, id: EventId) -> Scheduled {
-    Scheduled {
-        notification: Notification {
-            tenant,
-            event_id: id,
-        },
-        delay: Duration::ZERO,
-    }
-}
-
-/// The settle kinds, as indexes into [`Sql::settle`].
-fn kind(finish: &Finish) -> usize {
-    match finish {
-        Finish::Delete => 0,
-        Finish::Archive => 1,
-        Finish::Release { .. } => 2,
-        Finish::Bury { .. } => 3,
-    }
-}
-
-/// Rows parked by one sweep call at most, as a multiple of its `limit` (as in
-/// the SQLite store), so that one call stays a short transaction even when
-/// a rule holds millions of due events.
-const PARK_FACTOR: usize = 16;
 
 /// `max_attempts` as stored (an `integer`): values beyond `i32::MAX` are
 /// stored as `i32::MAX`, which is as good as unlimited.
@@ -228,7 +204,7 @@ fn rand_millis(max: u64) -> u64 {
 
 fn rule_kind(kind: &str, op: &str) -> StoreResult<RuleKind> {
     RuleKind::parse(kind)
-        .ok_or_else(|| StoreError::Backend(format!("{op}: unknown rule kind {kind}")))
+        .ok_or_else(|| StoreError::backend(op, format!("unknown rule kind {kind}")))
 }
 
 impl PgStore {
@@ -483,10 +459,13 @@ impl PgStore {
             }
         }
         if !todo.is_empty() {
-            return Err(StoreError::Backend(format!(
-                "{OP}: {} event(s) kept conflicting on their idempotency keys; try again",
-                todo.len()
-            ))
+            return Err(StoreError::backend(
+                OP,
+                format!(
+                    "{} event(s) kept conflicting on their idempotency keys; try again",
+                    todo.len()
+                ),
+            )
             .into());
         }
         for (i, j) in repeats {
@@ -586,11 +565,11 @@ impl PgStore {
         Ok(Inspection { found, now })
     }
 
-    /// One settle statement: the items of one kind (`k`), at their batch
+    /// One settle statement: the items of one kind, at their batch
     /// positions, in id order. Returns the positions whose fence held.
     async fn settle_kind(
         &self,
-        k: usize,
+        kind: SettleKind,
         batch: &[Settle],
         items: &[usize],
     ) -> DbResult<Vec<usize>> {
@@ -599,12 +578,12 @@ impl PgStore {
         let tokens: Vec<Option<Uuid>> =
             items.iter().map(|&i| batch[i].token.map(|t| t.0)).collect();
         let ords: Vec<i32> = items.iter().map(|&i| i as i32).collect();
-        let mut q = sqlx::query_scalar::<_, i32>(&self.sql.settle[k])
+        let mut q = sqlx::query_scalar::<_, i32>(self.sql.settle(kind))
             .bind(ids)
             .bind(tokens)
             .bind(ords);
-        match k {
-            2 => {
+        match kind {
+            SettleKind::Release => {
                 let mut waits = Vec::with_capacity(items.len());
                 let mut give_backs = Vec::with_capacity(items.len());
                 let mut errors = Vec::with_capacity(items.len());
@@ -622,7 +601,7 @@ impl PgStore {
                 }
                 q = q.bind(waits).bind(give_backs).bind(errors);
             }
-            3 => {
+            SettleKind::Bury => {
                 let errors: Vec<&str> = items
                     .iter()
                     .map(|&i| match &batch[i].finish {
@@ -632,7 +611,7 @@ impl PgStore {
                     .collect();
                 q = q.bind(errors);
             }
-            _ => {}
+            SettleKind::Delete | SettleKind::Archive => {}
         }
         let held = q.fetch_all(&self.pool).await.ctx(OP)?;
         Ok(held.into_iter().map(|i| i as usize).collect())
@@ -689,7 +668,8 @@ impl PgStore {
             .collect())
     }
 
-    /// One sweep call, in one short transaction.
+    /// One sweep call, in one short transaction: carries out the
+    /// [`Sweep`]'s steps.
     async fn sweep_once(
         &self,
         quiet: Duration,
@@ -705,160 +685,138 @@ impl PgStore {
                 .await
                 .ctx(OP)?,
         );
-        let cutoff = pass.map_or_else(|| now.minus(quiet), |p| p.cutoff);
-        let mut out = Vec::new();
-        let mut parked = 0;
-        let park_cap = limit.saturating_mul(PARK_FACTOR);
-        if limit > 0 {
-            self.unpark_orphans(&mut tx, park_cap).await?;
-            // Dead workers' events first: their leases expired after their
-            // last notification; no quiet period.
-            let mut walk = Walk {
-                now,
-                bound: cutoff,
-                limit,
-                park_cap,
-                parked: &mut parked,
-                out: &mut out,
+        let mut sweep = Sweep::<SweepCursor>::new(now, quiet, pass, limit);
+        let mut step = sweep.start();
+        let page = loop {
+            step = match step {
+                Step::ListOrphans => sweep.orphans(
+                    sqlx::query_as(&self.sql.orphans)
+                        .fetch_all(&mut *tx)
+                        .await
+                        .ctx(OP)?,
+                ),
+                Step::Unpark {
+                    tenant,
+                    handler,
+                    limit,
+                } => {
+                    let n: i64 = sqlx::query_scalar(&self.sql.unpark)
+                        .bind(&tenant)
+                        .bind(&handler)
+                        .bind(limit_i64(limit))
+                        .fetch_one(&mut *tx)
+                        .await
+                        .ctx(OP)?;
+                    sweep.unparked(n.max(0) as u64)
+                }
+                Step::ForgetParked { tenant, handler } => {
+                    sqlx::query(&self.sql.forget_parked)
+                        .bind(&tenant)
+                        .bind(&handler)
+                        .execute(&mut *tx)
+                        .await
+                        .ctx(OP)?;
+                    sweep.resume()
+                }
+                Step::Read {
+                    source,
+                    after,
+                    limit,
+                    now,
+                    cutoff,
+                } => sweep.read(
+                    self.sweep_read(&mut tx, source, after, limit, now, cutoff)
+                        .await?,
+                ),
+                Step::Write(writes) => {
+                    self.sweep_write(&mut tx, writes).await?;
+                    sweep.resume()
+                }
+                Step::Done(page) => break page,
             };
-            // The window starts at the cutoff: just after (cutoff - 1, max).
-            let window = (cutoff.0.saturating_sub(1), Uuid::max());
-            self.sweep_source(&mut tx, &self.sql.sweep_expired, window, &mut walk)
-                .await?;
-            // Then everything due and not notified since the pass's cutoff.
-            self.sweep_source(
-                &mut tx,
-                &self.sql.sweep_quiet,
-                (i64::MIN, Uuid::nil()),
-                &mut walk,
-            )
-            .await?;
-        }
+        };
         tx.commit().await.ctx(OP)?;
-        if parked > 0 {
-            tracing::debug!(parked, "herald-postgres: sweep parked events held by rules");
-        }
-        Ok(SweepPage {
-            complete: out.len() < limit && parked < park_cap,
-            due: out,
-            pass: SweepPass { cutoff },
-        })
+        Ok(page)
     }
 
-    /// Un-parks the events of handlers whose rules are gone (as the SQLite
-    /// store does: normally unpause re-notifies them, but a crash between
-    /// removing the rule and paging through its events would leave them
-    /// parked). At most `cap` events per handler per call.
-    async fn unpark_orphans(&self, conn: &mut PgConnection, cap: usize) -> DbResult<()> {
+    /// Up to `limit` candidates of one source after `after`. Both walk
+    /// `events_to_notify`: the dead-worker source over the pass's quiet
+    /// window only (`cutoff <= notified_at < now`; its cursor starts just
+    /// below the cutoff, see [`sql`]), the quiet source below the cutoff.
+    async fn sweep_read(
+        &self,
+        conn: &mut PgConnection,
+        source: Source,
+        after: Option<SweepCursor>,
+        limit: usize,
+        now: Millis,
+        cutoff: Millis,
+    ) -> DbResult<Vec<Candidate<SweepCursor>>> {
         const OP: &str = "sweep";
-        let orphans: Vec<(String, String)> = sqlx::query_as(&self.sql.orphans)
+        let (sql, start) = match source {
+            Source::Expired => (
+                &self.sql.sweep_expired,
+                (cutoff.0.saturating_sub(1), Uuid::max()),
+            ),
+            Source::Quiet => (&self.sql.sweep_quiet, (i64::MIN, Uuid::nil())),
+        };
+        let after = after.unwrap_or(start);
+        let rows: Vec<(Uuid, String, String, bool, i64)> = sqlx::query_as(sql)
+            .bind(now.0)
+            .bind(cutoff.0)
+            .bind(after.0)
+            .bind(after.1)
+            .bind(limit_i64(limit))
             .fetch_all(&mut *conn)
             .await
             .ctx(OP)?;
-        for (tenant, handler) in orphans {
-            let n: i64 = sqlx::query_scalar(&self.sql.unpark)
-                .bind(&tenant)
-                .bind(&handler)
-                .bind(limit_i64(cap))
-                .fetch_one(&mut *conn)
-                .await
-                .ctx(OP)?;
-            let n = n.max(0) as u64;
-            if n > 0 {
-                tracing::info!(
-                    tenant,
-                    handler,
-                    events = n,
-                    "herald-postgres: unparked events whose rule is gone"
-                );
-            }
-            if (n as usize) < cap {
-                sqlx::query(&self.sql.forget_parked)
-                    .bind(&tenant)
-                    .bind(&handler)
-                    .execute(&mut *conn)
-                    .await
-                    .ctx(OP)?;
-            }
-        }
-        Ok(())
+        Ok(rows
+            .into_iter()
+            .map(|(id, tenant, handler, ruled, key)| Candidate {
+                id: EventId(id),
+                tenant,
+                handler,
+                ruled,
+                cursor: (key, id),
+            })
+            .collect())
     }
 
-    /// Walks one of the sweep's sources in index order, parking ruled
-    /// candidates and stamping the others notified, until `out` has `limit`
-    /// entries, the source is exhausted, or `parked` reaches `park_cap`.
-    /// `start` is the keyset cursor to start after.
-    async fn sweep_source(
-        &self,
-        conn: &mut PgConnection,
-        sql: &str,
-        start: (i64, Uuid),
-        w: &mut Walk<'_>,
-    ) -> DbResult<()> {
+    /// Stamps the notified ones, parks the parked ones and notes their
+    /// pairs; rows in id order, as claims take them.
+    async fn sweep_write(&self, conn: &mut PgConnection, writes: Writes) -> DbResult<()> {
         const OP: &str = "sweep";
-        let mut cursor = start;
-        while w.out.len() < w.limit && *w.parked < w.park_cap {
-            let want = (w.limit - w.out.len()).max(64);
-            let rows: Vec<(Uuid, String, String, bool, i64)> = sqlx::query_as(sql)
-                .bind(w.now.0)
-                .bind(w.bound.0)
-                .bind(cursor.0)
-                .bind(cursor.1)
-                .bind(limit_i64(want))
-                .fetch_all(&mut *conn)
+        let Writes {
+            notified,
+            parked,
+            parked_pairs,
+            at,
+        } = writes;
+        if !notified.is_empty() {
+            let mut ids = uuids(&notified);
+            ids.sort_unstable();
+            sqlx::query(&self.sql.stamp)
+                .bind(at.0)
+                .bind(&ids)
+                .execute(&mut *conn)
                 .await
                 .ctx(OP)?;
-            let exhausted = rows.len() < want;
-            let mut stamp: Vec<Uuid> = Vec::new();
-            let mut park: Vec<Uuid> = Vec::new();
-            let mut pairs: (Vec<String>, Vec<String>) = (Vec::new(), Vec::new());
-            let mut stop = false;
-            for (id, tenant, handler, ruled, key) in rows {
-                if ruled {
-                    cursor = (key, id);
-                    park.push(id);
-                    pairs.0.push(tenant);
-                    pairs.1.push(handler);
-                    *w.parked += 1;
-                    if *w.parked >= w.park_cap {
-                        stop = true;
-                        break;
-                    }
-                } else if w.out.len() < w.limit {
-                    cursor = (key, id);
-                    stamp.push(id);
-                    w.out.push(due(tenant, EventId(id)));
-                } else {
-                    stop = true;
-                    break;
-                }
-            }
-            if !stamp.is_empty() {
-                stamp.sort_unstable();
-                sqlx::query(&self.sql.stamp)
-                    .bind(w.now.0)
-                    .bind(&stamp)
-                    .execute(&mut *conn)
-                    .await
-                    .ctx(OP)?;
-            }
-            if !park.is_empty() {
-                park.sort_unstable();
-                sqlx::query(&self.sql.park)
-                    .bind(&park)
-                    .execute(&mut *conn)
-                    .await
-                    .ctx(OP)?;
-                sqlx::query(&self.sql.note_parked)
-                    .bind(&pairs.0)
-                    .bind(&pairs.1)
-                    .execute(&mut *conn)
-                    .await
-                    .ctx(OP)?;
-            }
-            if stop || exhausted {
-                break;
-            }
+        }
+        if !parked.is_empty() {
+            let mut ids = uuids(&parked);
+            ids.sort_unstable();
+            sqlx::query(&self.sql.park)
+                .bind(&ids)
+                .execute(&mut *conn)
+                .await
+                .ctx(OP)?;
+            let (tenants, handlers): (Vec<String>, Vec<String>) = parked_pairs.into_iter().unzip();
+            sqlx::query(&self.sql.note_parked)
+                .bind(&tenants)
+                .bind(&handlers)
+                .execute(&mut *conn)
+                .await
+                .ctx(OP)?;
         }
         Ok(())
     }
@@ -871,7 +829,7 @@ impl PgStore {
     ) -> DbResult<u64> {
         const OP: &str = "purge";
         let dead = sqlx::query(&self.sql.purge)
-            .bind(state_code(EventState::Dead))
+            .bind(EventState::Dead.code())
             .bind(dead_before.0)
             .bind(limit_i64(limit))
             .execute(&self.pool)
@@ -880,7 +838,7 @@ impl PgStore {
             .rows_affected();
         let done = if (dead as usize) < limit {
             sqlx::query(&self.sql.purge)
-                .bind(state_code(EventState::Done))
+                .bind(EventState::Done.code())
                 .bind(done_before.0)
                 .bind(limit_i64(limit - dead as usize))
                 .execute(&self.pool)
@@ -920,7 +878,7 @@ impl PgStore {
                     let q = sqlx::query(&sql)
                         .bind(tenant)
                         .bind(handler)
-                        .bind(state_code(s))
+                        .bind(s.code())
                         .bind(lim);
                     let q = match after {
                         Some(a) => q.bind(a),
@@ -948,7 +906,7 @@ impl PgStore {
                 let q = sqlx::query(&sql)
                     .bind(tenant.as_deref())
                     .bind(handler.as_deref())
-                    .bind(state.map(state_code))
+                    .bind(state.map(EventState::code))
                     .bind(lim);
                 let q = match after {
                     Some(a) => q.bind(a),
@@ -982,7 +940,7 @@ impl PgStore {
             .fetch_optional(&self.pool)
             .await
         {
-            Ok(t) => Ok(t.map(|tenant| due(tenant, id))),
+            Ok(t) => Ok(t.map(|tenant| Scheduled::due(tenant, id))),
             // A live event with the key appeared in between.
             Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("23505") => {
                 Err(refuse(&"another"))
@@ -1005,16 +963,9 @@ impl PgStore {
     }
 }
 
-/// Where one sweep call is.
-struct Walk<'a> {
-    now: Millis,
-    /// The pass's cutoff.
-    bound: Millis,
-    limit: usize,
-    park_cap: usize,
-    parked: &'a mut usize,
-    out: &'a mut Vec<Scheduled>,
-}
+/// The sweep's keyset cursor: `notified_at` and the id (the index's
+/// tie-breaker).
+type SweepCursor = (i64, Uuid);
 
 /// Where a pool connects, for messages (no password).
 fn describe(options: &PgConnectOptions) -> String {
@@ -1061,17 +1012,16 @@ impl Store for PgStore {
         let mut held = vec![false; batch.len()];
         // One statement per kind, each item at its batch position; rows are
         // taken in id order, as claims take them.
-        let mut by_kind: [Vec<usize>; 4] = Default::default();
-        for (i, s) in batch.iter().enumerate() {
-            by_kind[kind(&s.finish)].push(i);
-        }
-        for (k, items) in by_kind.iter_mut().enumerate() {
+        for kind in SettleKind::ALL {
+            let mut items: Vec<usize> = (0..batch.len())
+                .filter(|&i| SettleKind::of(&batch[i].finish) == kind)
+                .collect();
             if items.is_empty() {
                 continue;
             }
             items.sort_by_key(|&i| batch[i].id);
             let items = &*items;
-            for i in retry("settle", || self.settle_kind(k, batch, items)).await? {
+            for i in retry("settle", || self.settle_kind(kind, batch, items)).await? {
                 held[i] = true;
             }
         }
@@ -1240,7 +1190,7 @@ impl Store for PgStore {
         match text.flatten() {
             None => Ok(Vec::new()),
             Some(t) => serde_json::from_str(&t).map_err(|e| {
-                StoreError::Backend(format!("{OP}: event {id} has unreadable errors: {e}"))
+                StoreError::backend(format!("{OP}: event {id} has unreadable errors"), e)
             }),
         }
     }

@@ -75,7 +75,7 @@ impl From<DbError> for StoreError {
                 op,
                 source: Box::new(source),
             },
-            sql => StoreError::Backend(sql.to_string()),
+            DbError::Sql { op, source } => StoreError::backend(op, source),
         }
     }
 }
@@ -91,14 +91,6 @@ impl<T> Ctx<T> for Result<T, sqlx::Error> {
     }
 }
 
-pub(crate) fn state_code(s: EventState) -> i16 {
-    match s {
-        EventState::Pending => 0,
-        EventState::Dead => 1,
-        EventState::Done => 2,
-    }
-}
-
 fn bad(index: usize, what: String) -> sqlx::Error {
     sqlx::Error::ColumnDecode {
         index: index.to_string(),
@@ -107,12 +99,7 @@ fn bad(index: usize, what: String) -> sqlx::Error {
 }
 
 pub(crate) fn state_from(index: usize, v: i16) -> Result<EventState, sqlx::Error> {
-    match v {
-        0 => Ok(EventState::Pending),
-        1 => Ok(EventState::Dead),
-        2 => Ok(EventState::Done),
-        other => Err(bad(index, format!("unknown event state {other}"))),
-    }
+    EventState::from_code(v.into()).ok_or_else(|| bad(index, format!("unknown event state {v}")))
 }
 
 fn u32_at(row: &PgRow, index: usize) -> Result<u32, sqlx::Error> {
@@ -161,4 +148,23 @@ pub(crate) fn event(row: &PgRow, at: usize) -> Result<Option<Event>, sqlx::Error
 /// Reads an event that must be there.
 pub(crate) fn event_row(row: &PgRow) -> Result<Event, sqlx::Error> {
     event(row, 0)?.ok_or_else(|| bad(0, "the event id is NULL".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_statement_keeps_sqlx_s_error_as_the_source() {
+        let failed: Result<(), sqlx::Error> = Err(sqlx::Error::RowNotFound);
+        let e = StoreError::from(failed.ctx("claim").unwrap_err());
+        match &e {
+            StoreError::Backend { context, source } => {
+                assert_eq!(context, "claim");
+                assert!(source.downcast_ref::<sqlx::Error>().is_some(), "{source:?}");
+            }
+            other => panic!("expected Backend, got {other:?}"),
+        }
+        assert!(e.to_string().starts_with("store failed: claim: "), "{e}");
+    }
 }

@@ -5,6 +5,8 @@
 //! docs/postgres.md shows the plan of each hot and sweep statement on a
 //! million stored events (`bench/pg-explain.sh` prints them).
 
+use herald::store::Finish;
+
 use crate::rows::EVENT_COLUMNS;
 
 /// The database's clock in milliseconds since the Unix epoch: the start of
@@ -224,14 +226,45 @@ const RULES: &str = "SELECT tenant, handler, kind FROM {s}.rules ORDER BY tenant
 
 const NOW: &str = "SELECT {nowexpr}";
 
+/// How a settle ends a run: one statement per kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SettleKind {
+    Delete,
+    Archive,
+    Release,
+    Bury,
+}
+
+impl SettleKind {
+    /// Every kind, in the order a batch's statements run.
+    pub(crate) const ALL: [SettleKind; 4] = [
+        SettleKind::Delete,
+        SettleKind::Archive,
+        SettleKind::Release,
+        SettleKind::Bury,
+    ];
+
+    /// The kind of `finish`.
+    pub(crate) fn of(finish: &Finish) -> Self {
+        match finish {
+            Finish::Delete => SettleKind::Delete,
+            Finish::Archive => SettleKind::Archive,
+            Finish::Release { .. } => SettleKind::Release,
+            Finish::Bury { .. } => SettleKind::Bury,
+        }
+    }
+}
+
 /// Every statement, for one schema.
 #[derive(Debug)]
 pub(crate) struct Sql {
     pub(crate) schema: String,
     pub(crate) claim: String,
     pub(crate) inspect: String,
-    /// By [`crate::kind`]: delete, archive, release, bury.
-    pub(crate) settle: [String; 4],
+    pub(crate) settle_delete: String,
+    pub(crate) settle_archive: String,
+    pub(crate) settle_release: String,
+    pub(crate) settle_bury: String,
     pub(crate) renew: String,
     pub(crate) emit: String,
     pub(crate) existing_keys: String,
@@ -272,12 +305,10 @@ impl Sql {
             schema: quoted.to_string(),
             claim: f(CLAIM),
             inspect: f(INSPECT),
-            settle: [
-                f(SETTLE_DELETE),
-                f(SETTLE_ARCHIVE),
-                f(SETTLE_RELEASE),
-                f(SETTLE_BURY),
-            ],
+            settle_delete: f(SETTLE_DELETE),
+            settle_archive: f(SETTLE_ARCHIVE),
+            settle_release: f(SETTLE_RELEASE),
+            settle_bury: f(SETTLE_BURY),
             renew: f(RENEW),
             emit: f(EMIT),
             existing_keys: f(EXISTING_KEYS),
@@ -319,10 +350,10 @@ impl Sql {
         vec![
             ("claim", self.claim.clone()),
             ("inspect", self.inspect.clone()),
-            ("settle_delete", self.settle[0].clone()),
-            ("settle_archive", self.settle[1].clone()),
-            ("settle_release", self.settle[2].clone()),
-            ("settle_bury", self.settle[3].clone()),
+            ("settle_delete", self.settle_delete.clone()),
+            ("settle_archive", self.settle_archive.clone()),
+            ("settle_release", self.settle_release.clone()),
+            ("settle_bury", self.settle_bury.clone()),
             ("renew", self.renew.clone()),
             ("emit", self.emit.clone()),
             ("existing_keys", self.existing_keys.clone()),
@@ -339,6 +370,16 @@ impl Sql {
             ("get", self.get.clone()),
             ("delete", self.delete.clone()),
         ]
+    }
+
+    /// The statement that ends runs of `kind`.
+    pub(crate) fn settle(&self, kind: SettleKind) -> &str {
+        match kind {
+            SettleKind::Delete => &self.settle_delete,
+            SettleKind::Archive => &self.settle_archive,
+            SettleKind::Release => &self.settle_release,
+            SettleKind::Bury => &self.settle_bury,
+        }
     }
 
     /// Fills in a template for this schema (for statements built at run
@@ -366,7 +407,7 @@ mod tests {
         for s in [
             &sql.claim,
             &sql.inspect,
-            &sql.settle[2],
+            &sql.settle_release,
             &sql.sweep_quiet,
             &sql.lead,
         ] {

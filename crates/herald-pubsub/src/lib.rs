@@ -89,8 +89,8 @@ const ANSWER_WAIT: Duration = Duration::from_secs(5);
 /// The pause before a streaming pull that ended is opened again.
 const REOPEN_PAUSE: Duration = Duration::from_millis(500);
 
-fn backend(what: &str, e: impl std::fmt::Display) -> QueueError {
-    QueueError::Backend(format!("{what}: {e}"))
+fn backend(what: &str, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> QueueError {
+    QueueError::backend(what, e)
 }
 
 fn unix_ms(t: SystemTime) -> u64 {

@@ -52,6 +52,8 @@ pub enum DemoError {
     Stalled(u64, Duration),
 }
 
+/// Runs the demo: an embedded herald in a temporary directory, a mix of
+/// events through it, and a summary of what happened.
 pub async fn run(args: DemoArgs) -> Result<(), DemoError> {
     let tmp = tempfile::tempdir().map_err(DemoError::TempDir)?;
     let path = args

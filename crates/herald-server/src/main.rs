@@ -1,11 +1,7 @@
-//! The `herald` program.
-#![forbid(unsafe_code)]
+//! The `herald` program: its command line, logging and exit codes; the
+//! commands themselves are in the `herald_server` library.
 
-mod cli;
-mod demo;
-mod handlers;
-mod migrate;
-mod serve;
+use herald_server::{cli, demo, handlers, migrate, serve};
 
 use clap::{Parser, Subcommand};
 

@@ -19,6 +19,7 @@ pub enum MigrateError {
     Store(#[from] herald::StoreError),
 }
 
+/// Creates or upgrades herald's tables in the store `args` names.
 pub async fn run(args: MigrateArgs) -> Result<(), MigrateError> {
     if args.store.starts_with("postgres://") || args.store.starts_with("postgresql://") {
         let (from, to) = herald_postgres::migrate(&args.store, &args.schema).await?;

@@ -3,12 +3,11 @@
 //! shutdown on SIGTERM or SIGINT (a second signal cancels running handlers
 //! at once).
 
-mod api;
-mod auth;
-mod config;
-mod error;
-mod recent;
-mod telemetry;
+pub mod api;
+pub mod auth;
+pub mod error;
+pub mod recent;
+pub mod telemetry;
 mod ui;
 
 #[cfg(test)]
@@ -27,7 +26,7 @@ use herald_sqlite::SqliteStore;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
-pub use config::{ConfigError, QueueLocation, ServeConfig, StoreLocation};
+use crate::config::{self, ConfigError, QueueConfig, ServeConfig, StoreLocation};
 
 /// Options of `herald serve`. Each flag overrides the config file and the
 /// environment.
@@ -182,53 +181,7 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
         reason,
     })?;
 
-    let queue: Arc<dyn Queue> = match &config.queue {
-        QueueLocation::Memory => Arc::new(MemoryQueue::new(config.worker.lease)),
-        // AckWait = the lease: an unanswered notification comes back when
-        // its run's lease would have lapsed.
-        QueueLocation::Nats(url) => Arc::new(
-            herald_nats::NatsQueue::connect(herald_nats::NatsConfig {
-                replicas: config.nats_replicas,
-                max_ack_pending: config.nats_max_ack_pending,
-                credentials: config.nats_credentials.clone(),
-                ..herald_nats::NatsConfig::new(
-                    url.clone(),
-                    &config.nats_stream,
-                    config.worker.lease,
-                )
-            })
-            .await
-            .map_err(|error| ServeError::Queue {
-                location: config.queue.to_string(),
-                error,
-            })?,
-        ),
-        // The ack wait is the lease, kept by this process; the
-        // subscription's ack deadline is the lease rounded up to 10-600 s
-        // (see herald_pubsub's docs: the deadline and the lease are separate).
-        QueueLocation::Pubsub {
-            project,
-            topic,
-            subscription,
-        } => Arc::new(
-            herald_pubsub::PubsubQueue::connect(herald_pubsub::PubsubConfig {
-                max_outstanding: config.pubsub_max_outstanding,
-                credentials: config.pubsub_credentials.clone(),
-                pull: config.pubsub_pull,
-                ..herald_pubsub::PubsubConfig::new(
-                    project.clone(),
-                    topic.clone(),
-                    subscription.clone(),
-                    config.worker.lease,
-                )
-            })
-            .await
-            .map_err(|error| ServeError::Queue {
-                location: config.queue.to_string(),
-                error,
-            })?,
-        ),
-    };
+    let queue = connect_queue(&config).await?;
     let mut worker_config = config.worker.clone();
     if !config.worker_named {
         worker_config.name = stable_name(addr);
@@ -323,6 +276,27 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
     Ok(())
 }
 
+/// Connects to the configured queue.
+async fn connect_queue(config: &ServeConfig) -> Result<Arc<dyn Queue>, ServeError> {
+    let failed = |error| ServeError::Queue {
+        location: config.queue.to_string(),
+        error,
+    };
+    Ok(match &config.queue {
+        QueueConfig::Memory => Arc::new(MemoryQueue::new(config.worker.lease)),
+        QueueConfig::Nats(c) => Arc::new(
+            herald_nats::NatsQueue::connect(c.clone())
+                .await
+                .map_err(failed)?,
+        ),
+        QueueConfig::Pubsub(c) => Arc::new(
+            herald_pubsub::PubsubQueue::connect(c.clone())
+                .await
+                .map_err(failed)?,
+        ),
+    })
+}
+
 /// `HOST@ADDRESS`: the same for a process restarted on the same machine and
 /// address, so that it takes back its own reconciler row at once; different
 /// for every live server (two cannot bind one address).
@@ -339,9 +313,10 @@ async fn open_store(config: &ServeConfig) -> Result<Arc<dyn Store>, StoreError> 
     Ok(match &config.store {
         StoreLocation::Sqlite(path) => {
             let path = path.clone();
+            let context = format!("open {}", path.display());
             let store = tokio::task::spawn_blocking(move || SqliteStore::open(path))
                 .await
-                .map_err(|e| StoreError::Backend(e.to_string()))??;
+                .map_err(|e| StoreError::backend(context, e))??;
             Arc::new(store)
         }
         StoreLocation::Postgres(url) => {

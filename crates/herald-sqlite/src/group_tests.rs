@@ -93,7 +93,12 @@ async fn a_panicking_job_is_a_backend_error_and_the_store_goes_on() {
         })
         .await;
     match r {
-        Err(StoreError::Backend(msg)) => assert!(msg.contains("explode"), "{msg}"),
+        Err(e @ StoreError::Backend { .. }) => {
+            assert_eq!(
+                e.to_string(),
+                "store failed: explode: the operation panicked"
+            )
+        }
         other => panic!("expected Backend, got {other:?}"),
     }
     assert!(leaders(&store).await.is_empty());
@@ -115,9 +120,11 @@ async fn an_sql_error_names_the_operation() {
         })
         .await;
     match r {
-        Err(StoreError::Backend(msg)) => {
-            assert!(msg.starts_with("frobnicate: "), "{msg}");
-            assert!(msg.contains("nowhere"), "{msg}");
+        Err(StoreError::Backend { context, source }) => {
+            assert_eq!(context, "frobnicate");
+            // SQLite's own error is kept as the source.
+            let sqlite = source.downcast_ref::<rusqlite::Error>().expect("rusqlite");
+            assert!(sqlite.to_string().contains("nowhere"), "{sqlite}");
         }
         other => panic!("expected Backend, got {other:?}"),
     }

@@ -37,6 +37,7 @@ use herald::store::{
     CappedCount, CountsQuery, EventFilter, Finish, HandlerCounts, Inspected, Inspection, LeaseRef,
     PendingSample, Scheduled, Settle, StoreResult, SweepPage, SweepPass,
 };
+use herald::sweep::{Candidate, Source, Step, Sweep, Writes, PARKED};
 use herald::{
     AttemptError, Emitted, Event, EventId, EventState, Leadership, LeaseToken, Millis, NewEvent,
     Notification, Rule, RuleKind, RuleMatch, Store, StoreError,
@@ -46,7 +47,7 @@ use rusqlite::vtab::array::Array;
 use rusqlite::{params, CachedStatement, Connection, OptionalExtension};
 use tokio::sync::oneshot;
 
-use crate::rows::{event, event_id, state_code, Ctx, EVENT_COLUMNS, PARKED};
+use crate::rows::{event, event_id, Ctx, EVENT_COLUMNS};
 use crate::writer::{Call, Job};
 
 pub use crate::schema::SCHEMA_VERSION;
@@ -169,11 +170,6 @@ fn sql_limit(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
 }
 
-/// Rows parked by one sweep call at most, as a multiple of its `limit`, so
-/// that one call stays a short transaction even when a rule holds millions
-/// of due events; the next sweep goes on parking.
-const PARK_FACTOR: usize = 16;
-
 fn rule_match(conn: &Connection, op: &str, tenant: &str, handler: &str) -> StoreResult<RuleMatch> {
     let mut stmt = conn
         .prepare_cached("SELECT kind FROM rules WHERE tenant = ?1 AND handler = ?2")
@@ -185,145 +181,164 @@ fn rule_match(conn: &Connection, op: &str, tenant: &str, handler: &str) -> Store
         match RuleKind::parse(&kind) {
             Some(RuleKind::Block) => m.blocked = true,
             Some(RuleKind::Pause) => m.paused = true,
-            None => {
-                return Err(StoreError::Backend(format!(
-                    "{op}: unknown rule kind {kind}"
-                )))
-            }
+            None => return Err(StoreError::backend(op, format!("unknown rule kind {kind}"))),
         }
     }
     Ok(m)
 }
 
-fn due(tenant: String, id: EventId) -> Scheduled {
-    Scheduled {
-        notification: Notification {
-            tenant,
-            event_id: id,
-        },
-        delay: Duration::ZERO,
-    }
-}
+/// The sweep's keyset cursor: the key of the index walked (`notified_at`
+/// or `lease_expires_at`) and the rowid (the index's tie-breaker).
+type SweepCursor = (i64, i64);
 
-/// One candidate of the sweep.
-struct Candidate {
-    id: EventId,
-    tenant: String,
-    handler: String,
-    ruled: bool,
-    /// The sort key of the index walked (notified_at or lease_expires_at).
-    key: i64,
-    /// The tie-breaker of the keyset cursor (the index holds rowids).
-    rowid: i64,
-}
-
-/// Walks one of the sweep's two sources in index order, parking ruled
-/// candidates and stamping the others notified, until `out` has `limit`
-/// entries, the source is exhausted, or `parked` reaches `park_cap`.
-#[allow(clippy::too_many_arguments)]
-fn sweep_source(
+/// Carries out one sweep call's [`Step`]s on the writer thread's
+/// transaction.
+fn sweep_call(
     conn: &Connection,
-    sql: &str,
     now: Millis,
-    bound: i64,
+    quiet: Duration,
+    pass: Option<SweepPass>,
     limit: usize,
-    park_cap: usize,
-    parked: &mut usize,
-    out: &mut Vec<Scheduled>,
-) -> StoreResult<()> {
+) -> StoreResult<SweepPage> {
     const OP: &str = "sweep";
-    let mut cursor: (i64, i64) = (i64::MIN, i64::MIN);
-    while out.len() < limit && *parked < park_cap {
-        let want = (limit - out.len()).max(64);
-        let batch: Vec<Candidate> = {
-            let mut stmt = conn.prepare_cached(sql).ctx(OP)?;
-            let rows = stmt
-                .query_map(
-                    params![now.0, bound, cursor.0, cursor.1, sql_limit(want)],
-                    |r| {
-                        Ok(Candidate {
-                            id: event_id(r, 0)?,
-                            tenant: r.get(1)?,
-                            handler: r.get(2)?,
-                            ruled: r.get(3)?,
-                            key: r.get(4)?,
-                            rowid: r.get(5)?,
-                        })
-                    },
-                )
-                .ctx(OP)?;
-            rows.collect::<rusqlite::Result<_>>().ctx(OP)?
-        };
-        let exhausted = batch.len() < want;
-        let mut stamp = conn
-            .prepare_cached("UPDATE events SET notified_at = ?2 WHERE id = ?1")
-            .ctx(OP)?;
-        let mut note_parked = conn
-            .prepare_cached(
-                "INSERT INTO parked (tenant, handler) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
-            )
-            .ctx(OP)?;
-        for c in batch {
-            cursor = (c.key, c.rowid);
-            if c.ruled {
-                stamp.execute(params![blob(c.id), PARKED]).ctx(OP)?;
-                note_parked.execute(params![c.tenant, c.handler]).ctx(OP)?;
-                *parked += 1;
-                if *parked >= park_cap {
-                    return Ok(());
-                }
-            } else if out.len() < limit {
-                stamp.execute(params![blob(c.id), now.0]).ctx(OP)?;
-                out.push(due(c.tenant, c.id));
-            } else {
-                return Ok(());
-            }
-        }
-        if exhausted {
-            break;
-        }
-    }
-    Ok(())
-}
-
-/// Unparks the events of handlers whose rules are gone: normally unpause and
-/// unblock re-notify them (renotify_page), but a crash between removing the
-/// rule and paging through its events would leave them parked for good.
-/// Unparked events get `notified_at = run_at`, so the quiet sweep returns
-/// them. At most `cap` events per handler per call; a handler stays listed
-/// in `parked` until none of its events is parked.
-fn unpark_orphans(conn: &Connection, cap: usize) -> StoreResult<()> {
-    const OP: &str = "sweep";
-    let orphans: Vec<(String, String)> = {
-        let mut stmt = conn
-            .prepare_cached(
-                "SELECT tenant, handler FROM parked p WHERE NOT EXISTS \
-                   (SELECT 1 FROM rules r WHERE r.tenant = p.tenant AND r.handler = p.handler)",
-            )
-            .ctx(OP)?;
-        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).ctx(OP)?;
-        rows.collect::<rusqlite::Result<_>>().ctx(OP)?
-    };
-    for (tenant, handler) in orphans {
-        let n = conn
-            .prepare_cached(UNPARK_SQL)
-            .and_then(|mut st| st.execute(params![tenant, handler, sql_limit(cap)]))
-            .ctx(OP)?;
-        if n > 0 {
-            tracing::info!(
+    let mut sweep = Sweep::<SweepCursor>::new(now, quiet, pass, limit);
+    let mut step = sweep.start();
+    loop {
+        step = match step {
+            Step::ListOrphans => sweep.orphans(sweep_orphans(conn)?),
+            Step::Unpark {
                 tenant,
                 handler,
-                events = n,
-                "herald-sqlite: unparked events whose rule is gone"
-            );
-        }
-        if n < cap {
-            conn.prepare_cached("DELETE FROM parked WHERE tenant = ?1 AND handler = ?2")
-                .and_then(|mut st| st.execute(params![tenant, handler]))
-                .ctx(OP)?;
+                limit,
+            } => {
+                let n = conn
+                    .prepare_cached(UNPARK_SQL)
+                    .and_then(|mut st| {
+                        st.execute(params![tenant, handler, sql_limit(limit), PARKED.0])
+                    })
+                    .ctx(OP)?;
+                sweep.unparked(n as u64)
+            }
+            Step::ForgetParked { tenant, handler } => {
+                conn.prepare_cached("DELETE FROM parked WHERE tenant = ?1 AND handler = ?2")
+                    .and_then(|mut st| st.execute(params![tenant, handler]))
+                    .ctx(OP)?;
+                sweep.resume()
+            }
+            Step::Read {
+                source,
+                after,
+                limit,
+                now,
+                cutoff,
+            } => sweep.read(sweep_read(conn, source, after, limit, now, cutoff)?),
+            Step::Write(writes) => {
+                sweep_write(conn, &writes)?;
+                sweep.resume()
+            }
+            Step::Done(page) => return Ok(page),
         }
     }
+}
+
+/// The pairs of `parked` that no rule holds any more.
+fn sweep_orphans(conn: &Connection) -> StoreResult<Vec<(String, String)>> {
+    const OP: &str = "sweep";
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT tenant, handler FROM parked p WHERE NOT EXISTS \
+               (SELECT 1 FROM rules r WHERE r.tenant = p.tenant AND r.handler = p.handler)",
+        )
+        .ctx(OP)?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).ctx(OP)?;
+    rows.collect::<rusqlite::Result<_>>().ctx(OP)
+}
+
+/// Up to `limit` candidates of one source after `after`: the dead-worker
+/// source walks `events_by_lease` up to now, the quiet source
+/// `events_to_notify` below the cutoff.
+fn sweep_read(
+    conn: &Connection,
+    source: Source,
+    after: Option<SweepCursor>,
+    limit: usize,
+    now: Millis,
+    cutoff: Millis,
+) -> StoreResult<Vec<Candidate<SweepCursor>>> {
+    const OP: &str = "sweep";
+    let (sql, bound) = match source {
+        Source::Expired => (SWEEP_EXPIRED_SQL, now),
+        Source::Quiet => (SWEEP_QUIET_SQL, cutoff),
+    };
+    let after = after.unwrap_or((i64::MIN, i64::MIN));
+    let mut stmt = conn.prepare_cached(sql).ctx(OP)?;
+    let rows = stmt
+        .query_map(
+            params![now.0, bound.0, after.0, after.1, sql_limit(limit)],
+            |r| {
+                Ok(Candidate {
+                    id: event_id(r, 0)?,
+                    tenant: r.get(1)?,
+                    handler: r.get(2)?,
+                    ruled: r.get(3)?,
+                    cursor: (r.get(4)?, r.get(5)?),
+                })
+            },
+        )
+        .ctx(OP)?;
+    rows.collect::<rusqlite::Result<_>>().ctx(OP)
+}
+
+/// Stamps the notified ones, parks the parked ones and notes their pairs.
+fn sweep_write(conn: &Connection, writes: &Writes) -> StoreResult<()> {
+    const OP: &str = "sweep";
+    let mut stamp = conn
+        .prepare_cached("UPDATE events SET notified_at = ?2 WHERE id = ?1")
+        .ctx(OP)?;
+    for &id in &writes.notified {
+        stamp.execute(params![blob(id), writes.at.0]).ctx(OP)?;
+    }
+    for &id in &writes.parked {
+        stamp.execute(params![blob(id), PARKED.0]).ctx(OP)?;
+    }
+    let mut note_parked = conn
+        .prepare_cached(
+            "INSERT INTO parked (tenant, handler) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+        )
+        .ctx(OP)?;
+    for (tenant, handler) in &writes.parked_pairs {
+        note_parked.execute(params![tenant, handler]).ctx(OP)?;
+    }
     Ok(())
+}
+
+/// Each settle kind's statement, looked up in the cache once per batch.
+#[derive(Default)]
+struct SettleStatements<'c> {
+    delete: Option<CachedStatement<'c>>,
+    archive: Option<CachedStatement<'c>>,
+    release: Option<CachedStatement<'c>>,
+    bury: Option<CachedStatement<'c>>,
+}
+
+impl<'c> SettleStatements<'c> {
+    /// The statement that writes `finish`.
+    fn get(
+        &mut self,
+        conn: &'c Connection,
+        finish: &Finish,
+    ) -> rusqlite::Result<&mut CachedStatement<'c>> {
+        let (slot, sql) = match finish {
+            Finish::Delete => (&mut self.delete, SETTLE_DELETE_SQL),
+            Finish::Archive => (&mut self.archive, SETTLE_ARCHIVE_SQL),
+            Finish::Release { .. } => (&mut self.release, SETTLE_RELEASE_SQL),
+            Finish::Bury { .. } => (&mut self.bury, SETTLE_BURY_SQL),
+        };
+        match slot {
+            Some(stmt) => Ok(stmt),
+            empty => Ok(empty.insert(conn.prepare_cached(sql)?)),
+        }
+    }
 }
 
 /// Rows of a listing, read with a prepared statement.
@@ -468,22 +483,12 @@ impl Store for SqliteStore {
         let batch = batch.to_vec();
         self.call("settle", move |conn, now| {
             const OP: &str = "settle";
-            // Each kind's statement, looked up in the cache once per batch.
-            let mut stmts: [Option<CachedStatement<'_>>; 4] = [None, None, None, None];
+            let mut stmts = SettleStatements::default();
             let mut out = Vec::with_capacity(batch.len());
             for s in &batch {
                 let id = blob(s.id);
                 let token = s.token.map(token_blob);
-                let kind = match s.finish {
-                    Finish::Delete => 0,
-                    Finish::Archive => 1,
-                    Finish::Release { .. } => 2,
-                    Finish::Bury { .. } => 3,
-                };
-                let stmt = match &mut stmts[kind] {
-                    Some(stmt) => stmt,
-                    slot => slot.insert(conn.prepare_cached(SETTLE_SQL[kind]).ctx(OP)?),
-                };
+                let stmt = stmts.get(conn, &s.finish).ctx(OP)?;
                 let n = match &s.finish {
                     Finish::Delete => stmt.execute(params![id, token]),
                     Finish::Archive => stmt.execute(params![id, token, now.0]),
@@ -594,9 +599,8 @@ impl Store for SqliteStore {
             let mut out = Vec::new();
             for row in rows {
                 let (tenant, handler, kind) = row.ctx(OP)?;
-                let kind = RuleKind::parse(&kind).ok_or_else(|| {
-                    StoreError::Backend(format!("{OP}: unknown rule kind {kind}"))
-                })?;
+                let kind = RuleKind::parse(&kind)
+                    .ok_or_else(|| StoreError::backend(OP, format!("unknown rule kind {kind}")))?;
                 out.push(Rule {
                     tenant,
                     handler,
@@ -651,44 +655,7 @@ impl Store for SqliteStore {
         limit: usize,
     ) -> StoreResult<SweepPage> {
         self.call("sweep", move |conn, now| {
-            let cutoff = pass.map_or_else(|| now.minus(quiet), |p| p.cutoff);
-            let mut out = Vec::new();
-            let mut parked = 0;
-            let park_cap = limit.saturating_mul(PARK_FACTOR);
-            if limit > 0 {
-                unpark_orphans(conn, park_cap)?;
-                // Dead workers' events first: their leases expired and they
-                // were not notified since; they need no quiet period.
-                sweep_source(
-                    conn,
-                    SWEEP_EXPIRED_SQL,
-                    now,
-                    now.0,
-                    limit,
-                    park_cap,
-                    &mut parked,
-                    &mut out,
-                )?;
-                // Then everything due and not notified since the pass's cutoff.
-                sweep_source(
-                    conn,
-                    SWEEP_QUIET_SQL,
-                    now,
-                    cutoff.0,
-                    limit,
-                    park_cap,
-                    &mut parked,
-                    &mut out,
-                )?;
-            }
-            if parked > 0 {
-                tracing::debug!(parked, "herald-sqlite: sweep parked events held by rules");
-            }
-            Ok(SweepPage {
-                complete: out.len() < limit && parked < park_cap,
-                due: out,
-                pass: SweepPass { cutoff },
-            })
+            sweep_call(conn, now, quiet, pass, limit)
         })
         .await
     }
@@ -752,14 +719,14 @@ impl Store for SqliteStore {
             let mut stmt = conn.prepare_cached(PURGE_SQL).ctx(OP)?;
             let dead = stmt
                 .execute(params![
-                    state_code(EventState::Dead),
+                    EventState::Dead.code(),
                     dead_before.0,
                     sql_limit(limit)
                 ])
                 .ctx(OP)?;
             let done = if dead < limit {
                 stmt.execute(params![
-                    state_code(EventState::Done),
+                    EventState::Done.code(),
                     done_before.0,
                     sql_limit(limit - dead)
                 ])
@@ -792,7 +759,7 @@ impl Store for SqliteStore {
             .await?;
         text.map_or(Ok(Vec::new()), |t| {
             serde_json::from_str(&t).map_err(|e| {
-                StoreError::Backend(format!("history: event {id} has unreadable errors: {e}"))
+                StoreError::backend(format!("history: event {id} has unreadable errors"), e)
             })
         })
     }
@@ -822,7 +789,7 @@ impl Store for SqliteStore {
                                  AND handler = ?2 AND state = ?3 AND id > ?4 \
                                  ORDER BY id LIMIT ?5"
                             ),
-                            params![tenant, handler, state_code(s), after, lim],
+                            params![tenant, handler, s.code(), after, lim],
                         )?);
                     }
                     out.sort_unstable_by_key(|e| e.id);
@@ -837,7 +804,7 @@ impl Store for SqliteStore {
                          AND (?2 IS NULL OR tenant = ?2) AND (?3 IS NULL OR handler = ?3) \
                          AND (?4 IS NULL OR state = ?4) ORDER BY id LIMIT ?5"
                     ),
-                    params![after, tenant, handler, state.map(state_code), lim],
+                    params![after, tenant, handler, state.map(EventState::code), lim],
                 ),
             }
         })
@@ -919,7 +886,7 @@ impl Store for SqliteStore {
                     .enumerate()
                 {
                     by_state[i] = capped
-                        .query_row(params![tenant, handler, state_code(state), cap], |r| {
+                        .query_row(params![tenant, handler, state.code(), cap], |r| {
                             let id = |i| {
                                 r.get::<_, Option<[u8; 16]>>(i)
                                     .map(|b| b.map(|b| EventId(uuid::Uuid::from_bytes(b))))
@@ -989,7 +956,7 @@ impl Store for SqliteStore {
                 st.query_row(params![blob(id), now.0], |r| r.get::<_, String>(0))
                     .optional()
             })
-            .map(|t| t.map(|tenant| due(tenant, id)))
+            .map(|t| t.map(|tenant| Scheduled::due(tenant, id)))
             .ctx(OP)
         })
         .await
@@ -1081,14 +1048,6 @@ const PURGE_SQL: &str = "DELETE FROM events WHERE rowid IN (SELECT rowid FROM ev
 const SETTLE_DELETE_SQL: &str =
     "DELETE FROM events WHERE id = ?1 AND lease_token IS ?2 AND state = 0";
 
-/// The settle statements by kind: delete, archive, release, bury.
-const SETTLE_SQL: [&str; 4] = [
-    SETTLE_DELETE_SQL,
-    SETTLE_ARCHIVE_SQL,
-    SETTLE_RELEASE_SQL,
-    SETTLE_BURY_SQL,
-];
-
 /// `?3` now.
 const SETTLE_ARCHIVE_SQL: &str = "UPDATE events \
      SET state = 2, finished_at = ?3, updated_at = ?3, lease_token = NULL, lease_expires_at = NULL \
@@ -1110,11 +1069,12 @@ const SETTLE_BURY_SQL: &str = "UPDATE events \
              json_object('attempt', attempt, 'at', ?3, 'error', ?4)) \
      WHERE id = ?1 AND lease_token IS ?2 AND state = 0";
 
-/// Unparks up to `?3` parked events of one handler (`?1` tenant, `?2`
-/// handler), walking its pending range of `events_by_handler`.
+/// Unparks up to `?3` parked events (`notified_at` = `?4`, [`PARKED`]) of
+/// one handler (`?1` tenant, `?2` handler), walking its pending range of
+/// `events_by_handler`.
 const UNPARK_SQL: &str = "UPDATE events SET notified_at = run_at \
      WHERE id IN (SELECT id FROM events WHERE tenant = ?1 AND handler = ?2 AND state = 0 \
-                  AND notified_at = 9223372036854775807 LIMIT ?3)";
+                  AND notified_at = ?4 LIMIT ?3)";
 
 /// The sweep's dead-worker source, walking `events_by_lease`: `?1` now,
 /// `?2` the bound (now), `?3`/`?4` the cursor, `?5` the chunk size.

@@ -11,13 +11,9 @@ pub(crate) const EVENT_COLUMNS: &str = "id, tenant, handler, payload, state, run
      max_attempts, lease_token, lease_expires_at, last_error, idempotency_key, created_at, \
      updated_at";
 
-/// `notified_at` of a parked event: a rule holds it; removing the rule
-/// re-notifies it.
-pub(crate) const PARKED: i64 = i64::MAX;
-
 /// Wraps a rusqlite error as a backend error naming the operation.
 pub(crate) fn backend(op: &str, e: rusqlite::Error) -> StoreError {
-    StoreError::Backend(format!("{op}: {e}"))
+    StoreError::backend(op, e)
 }
 
 /// `.ctx("op")` on rusqlite results.
@@ -31,29 +27,13 @@ impl<T> Ctx<T> for rusqlite::Result<T> {
     }
 }
 
-pub(crate) fn state_code(s: EventState) -> i64 {
-    match s {
-        EventState::Pending => 0,
-        EventState::Dead => 1,
-        EventState::Done => 2,
-    }
-}
-
 fn bad(idx: usize, ty: Type, what: String) -> rusqlite::Error {
     rusqlite::Error::FromSqlConversionFailure(idx, ty, what.into())
 }
 
 fn state_from(idx: usize, v: i64) -> rusqlite::Result<EventState> {
-    match v {
-        0 => Ok(EventState::Pending),
-        1 => Ok(EventState::Dead),
-        2 => Ok(EventState::Done),
-        other => Err(bad(
-            idx,
-            Type::Integer,
-            format!("unknown event state {other}"),
-        )),
-    }
+    EventState::from_code(v)
+        .ok_or_else(|| bad(idx, Type::Integer, format!("unknown event state {v}")))
 }
 
 fn uuid_at(row: &Row<'_>, idx: usize) -> rusqlite::Result<Uuid> {

@@ -17,6 +17,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
 
 use herald::store::{StoreError, StoreResult};
 use herald::Millis;
@@ -35,7 +36,41 @@ pub(crate) trait Job: Send {
 
     /// Sends the reply. `failure` is set when the group's transaction did
     /// not commit: then a successful result is replaced by that error.
-    fn reply(self: Box<Self>, failure: Option<&str>);
+    fn reply(self: Box<Self>, failure: Option<&Failure>);
+}
+
+/// Why a group's transaction did not commit: the step that failed, and
+/// SQLite's error when there is one (shared by every job of the group).
+#[derive(Clone, Debug)]
+pub(crate) struct Failure {
+    step: &'static str,
+    error: Option<Arc<rusqlite::Error>>,
+}
+
+impl Failure {
+    fn new(step: &'static str, error: rusqlite::Error) -> Self {
+        Failure {
+            step,
+            error: Some(Arc::new(error)),
+        }
+    }
+
+    /// The error one job of the group gets.
+    fn for_job(&self, op: &str) -> StoreError {
+        match &self.error {
+            Some(e) => StoreError::backend(format!("{op}: {}", self.step), Arc::clone(e)),
+            None => StoreError::backend(op, self.step),
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.error {
+            Some(e) => write!(f, "{}: {e}", self.step),
+            None => f.write_str(self.step),
+        }
+    }
 }
 
 /// A typed job: the closure, its result once run, and where to reply.
@@ -67,23 +102,21 @@ where
         let work = &self.work;
         let result = catch_unwind(AssertUnwindSafe(|| work(conn, now))).unwrap_or_else(|_| {
             tracing::error!(op, "herald-sqlite: a store operation panicked");
-            Err(StoreError::Backend(format!("{op}: the operation panicked")))
+            Err(StoreError::backend(op, "the operation panicked"))
         });
         let ok = result.is_ok();
         self.result = Some(result);
         ok
     }
 
-    fn reply(self: Box<Self>, failure: Option<&str>) {
+    fn reply(self: Box<Self>, failure: Option<&Failure>) {
         let op = self.op;
         let result = match (self.result, failure) {
             // A job that failed on its own reports its own error.
             (Some(Err(e)), _) => Err(e),
-            (Some(Ok(_)), Some(why)) | (None, Some(why)) => {
-                Err(StoreError::Backend(format!("{op}: {why}")))
-            }
+            (Some(Ok(_)), Some(why)) | (None, Some(why)) => Err(why.for_job(op)),
             (Some(Ok(v)), None) => Ok(v),
-            (None, None) => Err(StoreError::Backend(format!("{op}: the job did not run"))),
+            (None, None) => Err(StoreError::backend(op, "the job did not run")),
         };
         // The caller may have gone away (its future was dropped); the write
         // stands either way.
@@ -114,10 +147,10 @@ fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
-fn begin(conn: &Connection) -> Option<String> {
+fn begin(conn: &Connection) -> Option<Failure> {
     exec(conn, "BEGIN IMMEDIATE")
         .err()
-        .map(|e| format!("could not begin a write transaction: {e}"))
+        .map(|e| Failure::new("could not begin a write transaction", e))
 }
 
 /// Runs one group in one transaction and replies to every job.
@@ -151,17 +184,20 @@ fn run_group(conn: &Connection, group: &mut Vec<Box<dyn Job>>) {
         finish(group, Some(why));
         return;
     }
-    let mut aborted: Option<String> = None;
+    let mut aborted: Option<Failure> = None;
     for job in group.iter_mut() {
         if let Err(e) = exec(conn, "SAVEPOINT job") {
-            aborted = Some(format!("could not open a savepoint: {e}"));
+            aborted = Some(Failure::new("could not open a savepoint", e));
             break;
         }
         let ok = job.run(conn, now);
         if conn.is_autocommit() {
             // SQLite rolled the whole transaction back on its own (a full
             // disk, an I/O error): nothing of this group was written.
-            aborted = Some("the transaction was rolled back by SQLite".to_string());
+            aborted = Some(Failure {
+                step: "the transaction was rolled back by SQLite",
+                error: None,
+            });
             break;
         }
         let end = if ok {
@@ -170,7 +206,7 @@ fn run_group(conn: &Connection, group: &mut Vec<Box<dyn Job>>) {
             exec(conn, "ROLLBACK TO job").and_then(|()| exec(conn, "RELEASE job"))
         };
         if let Err(e) = end {
-            aborted = Some(format!("could not end a savepoint: {e}"));
+            aborted = Some(Failure::new("could not end a savepoint", e));
             break;
         }
     }
@@ -185,12 +221,12 @@ fn run_group(conn: &Connection, group: &mut Vec<Box<dyn Job>>) {
 }
 
 /// Commits; on failure rolls back and says why.
-fn commit(conn: &Connection) -> Option<String> {
+fn commit(conn: &Connection) -> Option<Failure> {
     match exec(conn, "COMMIT") {
         Ok(()) => None,
         Err(e) => {
             rollback(conn);
-            Some(format!("commit failed: {e}"))
+            Some(Failure::new("commit failed", e))
         }
     }
 }
@@ -205,11 +241,11 @@ fn rollback(conn: &Connection) {
 }
 
 /// Replies to every job of the group.
-fn finish(group: &mut Vec<Box<dyn Job>>, failure: Option<String>) {
+fn finish(group: &mut Vec<Box<dyn Job>>, failure: Option<Failure>) {
     if let Some(why) = &failure {
         tracing::warn!(jobs = group.len(), reason = %why, "herald-sqlite: group not committed");
     }
     for job in group.drain(..) {
-        job.reply(failure.as_deref());
+        job.reply(failure.as_ref());
     }
 }

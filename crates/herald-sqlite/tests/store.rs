@@ -345,9 +345,12 @@ async fn a_write_lock_held_past_the_busy_timeout_is_a_backend_error() {
     locker.execute_batch("BEGIN IMMEDIATE").unwrap();
     let start = std::time::Instant::now();
     match f.store.emit(&[new_event("t", "h")]).await {
-        Err(StoreError::Backend(msg)) => {
-            assert!(msg.starts_with("emit: "), "{msg}");
+        Err(e @ StoreError::Backend { .. }) => {
+            let msg = e.to_string();
+            assert!(msg.starts_with("store failed: emit: "), "{msg}");
             assert!(msg.contains("locked"), "{msg}");
+            let source = std::error::Error::source(&e).expect("SQLite's error is the source");
+            assert!(source.to_string().contains("locked"), "{source}");
         }
         other => panic!("expected Backend, got {other:?}"),
     }

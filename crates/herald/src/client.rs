@@ -505,12 +505,7 @@ fn rule(tenant: &str, handler: &str, kind: RuleKind) -> Result<Rule, ClientError
 }
 
 fn publishes(page: Vec<Scheduled>) -> Vec<Publish> {
-    page.into_iter()
-        .map(|s| Publish {
-            notification: s.notification,
-            delay: s.delay,
-        })
-        .collect()
+    page.into_iter().map(Publish::from).collect()
 }
 
 /// Adds the newly created events to `herald_events_emitted_total`, one

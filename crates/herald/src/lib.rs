@@ -14,6 +14,7 @@ pub mod model;
 pub mod queue;
 pub mod retry;
 pub mod store;
+pub mod sweep;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 pub mod worker;

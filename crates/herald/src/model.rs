@@ -135,6 +135,26 @@ impl EventState {
             _ => None,
         }
     }
+
+    /// The code stores keep in their `state` column (their SQL writes the
+    /// same numbers as literals): 0 pending, 1 dead, 2 done.
+    pub fn code(self) -> i16 {
+        match self {
+            EventState::Pending => 0,
+            EventState::Dead => 1,
+            EventState::Done => 2,
+        }
+    }
+
+    /// The state of an [`EventState::code`].
+    pub fn from_code(code: i64) -> Option<Self> {
+        match code {
+            0 => Some(EventState::Pending),
+            1 => Some(EventState::Dead),
+            2 => Some(EventState::Done),
+            _ => None,
+        }
+    }
 }
 
 /// A lease as stored on an event: who holds it and until when (by the store's clock).

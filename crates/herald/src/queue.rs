@@ -7,19 +7,41 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::model::Notification;
+use crate::store::Scheduled;
 
 /// Errors from a queue.
 #[derive(Debug, thiserror::Error)]
 pub enum QueueError {
     /// The broker could not be reached or refused the request.
-    #[error("queue failed: {0}")]
-    Backend(String),
+    #[error("queue failed: {context}: {source}")]
+    Backend {
+        /// What failed, and on what: the operation (`publish to …`, `ack`,
+        /// …) and the stream, subject or subscription.
+        context: String,
+        /// The cause: the client's error, or what was wrong.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The queue's existing configuration does not match what herald needs.
     #[error("queue is misconfigured: {0}")]
     Config(String),
     /// The queue has been closed.
     #[error("the queue is closed")]
     Closed,
+}
+
+impl QueueError {
+    /// A [`QueueError::Backend`]: `context` says what failed and on what,
+    /// `source` why (an error, or a message).
+    pub fn backend(
+        context: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        QueueError::Backend {
+            context: context.into(),
+            source: source.into(),
+        }
+    }
 }
 
 /// Shorthand for queue results.
@@ -46,6 +68,15 @@ pub struct Publish {
     pub notification: Notification,
     /// When to deliver it, from now. Queues cap it at [`Queue::max_delay`].
     pub delay: Duration,
+}
+
+impl From<Scheduled> for Publish {
+    fn from(s: Scheduled) -> Self {
+        Publish {
+            notification: s.notification,
+            delay: s.delay,
+        }
+    }
 }
 
 /// A message queue with delays, acks and deadlines.
@@ -87,4 +118,20 @@ pub trait Queue: Send + Sync + 'static {
 
     /// Stops deliveries: pending and future `receive` calls return empty.
     async fn close(&self);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_backend_error_says_what_failed_and_keeps_its_cause() {
+        let e = QueueError::backend("publish to herald.events", std::io::Error::other("reset"));
+        assert_eq!(
+            e.to_string(),
+            "queue failed: publish to herald.events: reset"
+        );
+        let source = std::error::Error::source(&e).expect("a source");
+        assert!(source.downcast_ref::<std::io::Error>().is_some());
+    }
 }

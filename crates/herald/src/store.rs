@@ -62,8 +62,15 @@ pub enum StoreError {
     #[error("invalid request: {0}")]
     Invalid(String),
     /// The store failed while serving a request; nothing was written.
-    #[error("store failed: {0}")]
-    Backend(String),
+    #[error("store failed: {context}: {source}")]
+    Backend {
+        /// What failed, and on what: the operation (`claim`, `sweep`, …),
+        /// with the event or the step when that says more.
+        context: String,
+        /// The cause: the database's error, or what was wrong.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The store could not be reached (the connection was lost, the server
     /// shut down or does not answer) and did not come back within the
     /// store's retries. A write may or may not have happened: an emit may
@@ -80,6 +87,20 @@ pub enum StoreError {
     /// The store has been closed.
     #[error("the store is closed")]
     Closed,
+}
+
+impl StoreError {
+    /// A [`StoreError::Backend`]: `context` says what failed and on what,
+    /// `source` why (an error, or a message).
+    pub fn backend(
+        context: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        StoreError::Backend {
+            context: context.into(),
+            source: source.into(),
+        }
+    }
 }
 
 /// Shorthand for store results.
@@ -155,6 +176,19 @@ pub struct Scheduled {
     pub notification: Notification,
     /// How long until `run_at`; zero when due.
     pub delay: Duration,
+}
+
+impl Scheduled {
+    /// A notification of `tenant`'s event `id`, due now.
+    pub fn due(tenant: String, id: EventId) -> Self {
+        Scheduled {
+            notification: Notification {
+                tenant,
+                event_id: id,
+            },
+            delay: Duration::ZERO,
+        }
+    }
 }
 
 /// Where a sweep pass is: its cutoff, fixed by the pass's first page by the
@@ -477,6 +511,9 @@ pub trait Store: Send + Sync + 'static {
     /// [`SweepPage::pass`] to the next call until a page says it is
     /// complete. The fixed cutoff is what ends a pass whose quiet period is
     /// shorter than the pass itself takes.
+    ///
+    /// [`crate::sweep::Sweep`] decides the call; a store carries out its
+    /// steps in one short transaction.
     async fn sweep(
         &self,
         quiet: Duration,
@@ -546,6 +583,17 @@ mod tests {
         let ts =
             uuid::Timestamp::from_unix(uuid::NoContext, ms / 1000, (ms % 1000) as u32 * 1_000_000);
         EventId(uuid::Uuid::new_v7(ts))
+    }
+
+    #[test]
+    fn a_backend_error_says_what_failed_and_keeps_its_cause() {
+        let e = StoreError::backend("claim", std::io::Error::other("disk on fire"));
+        assert_eq!(e.to_string(), "store failed: claim: disk on fire");
+        let source = std::error::Error::source(&e).expect("a source");
+        assert!(source.downcast_ref::<std::io::Error>().is_some());
+        // A cause that is only a message is a source too.
+        let e = StoreError::backend("rules", "unknown rule kind x");
+        assert_eq!(e.to_string(), "store failed: rules: unknown rule kind x");
     }
 
     #[test]

@@ -79,6 +79,25 @@ impl Change {
     }
 }
 
+/// For a program that embeds herald's command handlers: the watchdog is
+/// this same executable started as `PROGRAM watch-runs`, so such a program
+/// calls this first thing in `main`, before any thread starts, and returns
+/// the exit code it gives:
+///
+/// ```no_run
+/// fn main() -> std::process::ExitCode {
+///     if let Some(code) = herald_server::handlers::watchdog::run_if_asked() {
+///         return code;
+///     }
+///     // … the program, which may start a RunWatch …
+///     std::process::ExitCode::SUCCESS
+/// }
+/// ```
+pub fn run_if_asked() -> Option<ExitCode> {
+    let asked = std::env::args_os().nth(1).is_some_and(|a| a == SUBCOMMAND);
+    asked.then(watch_runs)
+}
+
 /// `herald watch-runs`: reads `+PGID`/`-PGID` lines from stdin until EOF,
 /// then kills every group still live. Call before any other thread exists:
 /// the signal mask set here is the calling thread's.

@@ -15,9 +15,9 @@ use tower::ServiceExt;
 
 use super::api::{self, AppState};
 use super::auth::Tokens;
-use super::config::AuthConfig;
 use super::recent::Tracker;
 use super::telemetry;
+use crate::config::AuthConfig;
 
 const OPERATOR: &str = "operator-secret";
 const ACME: &str = "acme-secret";

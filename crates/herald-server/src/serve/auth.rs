@@ -10,8 +10,8 @@ use sha2::{Digest, Sha256};
 use subtle::{ConditionallySelectable, ConstantTimeEq};
 
 use super::api::AppState;
-use super::config::AuthConfig;
 use super::error::ApiError;
+use crate::config::AuthConfig;
 
 /// Who is calling.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -17,6 +17,7 @@
 //! `async fn() -> herald::testkit::queue::TestQueue` its own empty queue.
 
 pub mod engine;
+pub mod parity;
 pub mod queue;
 pub mod store;
 
@@ -288,6 +289,7 @@ macro_rules! store_suite {
             claim_skips_a_handler_the_worker_does_not_have,
             claim_of_a_batch_returns_only_the_claimable,
             claims_of_one_or_a_few_ids_agree_with_the_batch,
+            claim_takes_exactly_what_admit_would_claim,
             sixteen_concurrent_claims_of_one_event_have_one_winner,
             inspect_loads_events_and_their_rules,
             settle_delete_archive_and_bury,

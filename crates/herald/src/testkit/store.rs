@@ -29,6 +29,9 @@ use crate::store::{
     Store, StoreError,
 };
 
+// The suite macro names every scenario in this module.
+pub use super::parity::claim_takes_exactly_what_admit_would_claim;
+
 /// A lease that outlives any scenario.
 pub const LEASE: Duration = Duration::from_secs(60);
 /// A lease that lapses during a scenario.

@@ -92,14 +92,7 @@ async fn sweep(shared: &Shared, quiet: Duration) -> bool {
         if n == 0 && page.complete {
             return true;
         }
-        let batch: Vec<Publish> = page
-            .due
-            .into_iter()
-            .map(|s| Publish {
-                notification: s.notification,
-                delay: s.delay,
-            })
-            .collect();
+        let batch: Vec<Publish> = page.due.into_iter().map(Publish::from).collect();
         if n > 0 {
             if let Err(e) = shared.queue.publish(&batch).await {
                 // They are stamped as notified; the next quiet period brings them back.

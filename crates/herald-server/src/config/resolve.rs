@@ -1,0 +1,279 @@
+//! From the table as written to a checked [`ServeConfig`]: defaults applied,
+//! and what serde cannot check, checked.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use herald::{RetryPolicy, WorkerConfig};
+
+use super::file::{AuthSection, Dur, FileConfig, WorkerSection};
+use super::queue::resolve_queue;
+use super::sources::Origins;
+use super::{
+    AuthConfig, ConfigError, ServeConfig, StoreLocation, DEFAULT_GRACE, DEFAULT_LISTEN,
+    DEFAULT_MAX_BATCH, DEFAULT_PG_ACQUIRE_TIMEOUT, DEFAULT_PG_MAX_CONNECTIONS, DEFAULT_STORE,
+    MIN_REQUEST_BYTES,
+};
+
+/// An error about a key, named as written and with its origin.
+type Refuse<'a> = dyn Fn(&str, String) -> ConfigError + 'a;
+
+/// Applies defaults and checks what serde can't.
+pub(super) fn resolve(mut raw: FileConfig, origins: &Origins) -> Result<ServeConfig, ConfigError> {
+    let err = |key: &str, message: String| origins.invalid(key, message);
+    let store =
+        parse_store(raw.store.as_deref().unwrap_or(DEFAULT_STORE)).map_err(|m| err("store", m))?;
+    let pg_schema = raw
+        .pg_schema
+        .take()
+        .unwrap_or_else(|| herald_postgres::DEFAULT_SCHEMA.to_string());
+    let (worker, worker_named, shutdown_grace) =
+        resolve_worker(std::mem::take(&mut raw.worker), &err)?;
+    let queue = resolve_queue(raw.take_queue(), worker.lease, &err)?;
+    let limits = resolve_limits(&raw, &err)?;
+    let auth = resolve_auth(std::mem::take(&mut raw.auth), origins)?;
+    if auth.is_open() && !limits.listen.ip().is_loopback() {
+        return Err(err(
+            "listen",
+            format!("{} is not a loopback address, and no API token is configured: without a token herald serve only listens on loopback (127.0.0.1 or [::1]). Set auth.operator_token_sha256 (or HERALD_OPERATOR_TOKEN_SHA256) to the SHA-256 of a token, or listen on 127.0.0.1", limits.listen),
+        ));
+    }
+    for name in raw.handlers.keys() {
+        herald::client::check_name("handler", name)
+            .map_err(|e| err(&format!("handlers.{name}"), e.to_string()))?;
+    }
+    Ok(ServeConfig {
+        store,
+        pg_schema,
+        queue,
+        pg_max_connections: limits.pg_max_connections,
+        pg_acquire_timeout: limits.pg_acquire_timeout,
+        listen: limits.listen,
+        max_payload_bytes: limits.max_payload_bytes,
+        max_request_bytes: limits.max_request_bytes,
+        max_batch: limits.max_batch,
+        worker,
+        worker_named,
+        shutdown_grace,
+        auth,
+        handlers: raw.handlers,
+        file: None,
+    })
+}
+
+/// The pool's, the listener's and the requests' limits.
+struct Limits {
+    pg_max_connections: u32,
+    pg_acquire_timeout: Duration,
+    listen: SocketAddr,
+    max_payload_bytes: usize,
+    max_request_bytes: usize,
+    max_batch: usize,
+}
+
+fn resolve_limits(raw: &FileConfig, err: &Refuse<'_>) -> Result<Limits, ConfigError> {
+    let pg_max_connections = match raw.pg_max_connections {
+        None => DEFAULT_PG_MAX_CONNECTIONS,
+        Some(n) => match u32::try_from(n) {
+            Ok(n) if n >= 1 => n,
+            _ => {
+                return Err(err(
+                    "pg_max_connections",
+                    format!("{n} is not a pool size: write a whole number from 1 ({DEFAULT_PG_MAX_CONNECTIONS} is the default)"),
+                ))
+            }
+        },
+    };
+    let pg_acquire_timeout = match raw.pg_acquire_timeout {
+        None => DEFAULT_PG_ACQUIRE_TIMEOUT,
+        Some(Dur(d)) if d.is_zero() => {
+            return Err(err(
+                "pg_acquire_timeout",
+                "must be more than 0s (10s is the default)".into(),
+            ))
+        }
+        Some(Dur(d)) => d,
+    };
+    let listen_text = raw.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
+    let listen: SocketAddr = listen_text.trim().parse().map_err(|_| {
+        err(
+            "listen",
+            format!("{listen_text:?} is not an IP address and port; write it like \"127.0.0.1:7878\", \"[::1]:7878\" or \"0.0.0.0:7878\""),
+        )
+    })?;
+
+    let max_payload_bytes = positive(
+        raw.max_payload_bytes,
+        herald::client::DEFAULT_MAX_PAYLOAD as u64,
+    )
+    .map_err(|m| err("max_payload_bytes", m))?;
+    let max_request_bytes = positive(
+        raw.max_request_bytes,
+        (max_payload_bytes as u64 + (64 << 10)).max(MIN_REQUEST_BYTES as u64),
+    )
+    .map_err(|m| err("max_request_bytes", m))?;
+    if max_request_bytes <= max_payload_bytes {
+        return Err(err(
+            "max_request_bytes",
+            format!("{max_request_bytes} is not more than max_payload_bytes ({max_payload_bytes}): a request must hold a whole payload and its fields"),
+        ));
+    }
+    let max_batch =
+        positive(raw.max_batch, DEFAULT_MAX_BATCH as u64).map_err(|m| err("max_batch", m))?;
+    Ok(Limits {
+        pg_max_connections,
+        pg_acquire_timeout,
+        listen,
+        max_payload_bytes,
+        max_request_bytes,
+        max_batch,
+    })
+}
+
+/// The worker's settings, whether it was named, and the shutdown grace.
+fn resolve_worker(
+    w: WorkerSection,
+    err: &Refuse<'_>,
+) -> Result<(WorkerConfig, bool, Duration), ConfigError> {
+    let mut worker = WorkerConfig::default();
+    if let Some(n) = w.concurrency {
+        worker.concurrency = positive(Some(n), 1).map_err(|m| err("worker.concurrency", m))?;
+    }
+    if let Some(n) = w.batch {
+        worker.batch = positive(Some(n), 1).map_err(|m| err("worker.batch", m))?;
+    }
+    if let Some(Dur(d)) = w.lease {
+        if d < Duration::from_millis(300) {
+            return Err(err(
+                "worker.lease",
+                format!("{d:?} is too short: a lease is renewed every third of itself, so it must be at least 300ms ({:?} is the default)", WorkerConfig::default().lease),
+            ));
+        }
+        worker.lease = d;
+    }
+    if let Some(Dur(d)) = w.sweep_every {
+        if d.is_zero() {
+            return Err(err(
+                "worker.sweep_every",
+                format!(
+                    "must be more than 0s ({:?} is the default)",
+                    WorkerConfig::default().sweep_every
+                ),
+            ));
+        }
+        worker.sweep_every = d;
+    }
+    if let Some(Dur(d)) = w.sweep_quiet {
+        worker.sweep_quiet = d;
+    }
+    if let Some(Dur(d)) = w.dead_retention {
+        worker.dead_retention = d;
+    }
+    worker.done_retention = w.done_retention.map(|Dur(d)| d);
+    if let Some(r) = w.reconcile {
+        worker.reconcile = r;
+    }
+    let worker_named = w.name.is_some();
+    if let Some(name) = w.name {
+        herald::client::check_name("worker.name", &name)
+            .map_err(|e| err("worker.name", e.to_string()))?;
+        worker.name = name;
+    }
+    let shutdown_grace = w.shutdown_grace.map(|Dur(d)| d).unwrap_or(DEFAULT_GRACE);
+    let mut retry = RetryPolicy::default();
+    if let Some(Dur(d)) = w.retry.base {
+        retry.base = d;
+    }
+    if let Some(Dur(d)) = w.retry.max {
+        retry.max = d;
+    }
+    if let Some(f) = w.retry.factor {
+        if !(f.is_finite() && f >= 1.0) {
+            return Err(err(
+                "worker.retry.factor",
+                format!("{f} is not a growth factor: it must be at least 1 (2 is the default)"),
+            ));
+        }
+        retry.factor = f;
+    }
+    if let Some(j) = w.retry.jitter {
+        if !(0.0..=1.0).contains(&j) {
+            return Err(err(
+                "worker.retry.jitter",
+                format!("{j} is not a fraction from 0 to 1 (0.2 is the default)"),
+            ));
+        }
+        retry.jitter = j;
+    }
+    worker.policy.retry = retry;
+    Ok((worker, worker_named, shutdown_grace))
+}
+
+fn positive(value: Option<u64>, default: u64) -> Result<usize, String> {
+    match value {
+        None => Ok(default as usize),
+        Some(0) => Err("must be at least 1".to_string()),
+        Some(n) => usize::try_from(n).map_err(|_| format!("{n} is too large")),
+    }
+}
+
+fn parse_store(text: &str) -> Result<StoreLocation, String> {
+    let text = text.trim();
+    if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+        return Ok(StoreLocation::Postgres(text.to_string()));
+    }
+    if let Some(path) = text.strip_prefix("sqlite://") {
+        if path.is_empty() {
+            return Err("\"sqlite://\" names no file; write it like \"sqlite://herald.db\" or \"sqlite:///var/lib/herald/herald.db\"".into());
+        }
+        return Ok(StoreLocation::Sqlite(PathBuf::from(path)));
+    }
+    if let Some((scheme, _)) = text.split_once("://") {
+        return Err(format!(
+            "{scheme:?} is not a store this build knows; use \"sqlite://PATH\" or \"postgres://USER@HOST/DB\""
+        ));
+    }
+    if text.is_empty() {
+        return Err("is empty; use \"sqlite://PATH\" or \"postgres://USER@HOST/DB\"".into());
+    }
+    Ok(StoreLocation::Sqlite(PathBuf::from(text)))
+}
+
+fn resolve_auth(raw: AuthSection, origins: &Origins) -> Result<AuthConfig, ConfigError> {
+    let mut auth = AuthConfig::default();
+    if let Some(hex) = raw.operator_token_sha256 {
+        let key = "auth.operator_token_sha256";
+        auth.operator = Some(digest(&hex).map_err(|m| origins.invalid(key, m))?);
+    }
+    for (tenant, hex) in raw.tenants {
+        let key = format!("auth.tenants.{tenant}");
+        let bad = |m: String| origins.invalid(&key, m);
+        herald::client::check_name("tenant", &tenant).map_err(|e| bad(e.to_string()))?;
+        let d = digest(&hex).map_err(bad)?;
+        if auth.operator == Some(d) {
+            return Err(bad(
+                "is the operator token's digest: give the tenant a token of its own".into(),
+            ));
+        }
+        if let Some((other, _)) = auth.tenants.iter().find(|(_, t)| *t == d) {
+            return Err(bad(format!(
+                "is also tenant {other:?}'s digest: every tenant needs a token of its own"
+            )));
+        }
+        auth.tenants.push((tenant, d));
+    }
+    Ok(auth)
+}
+
+/// Reads a SHA-256 digest written as 64 hex digits.
+fn digest(hex_text: &str) -> Result<[u8; 32], String> {
+    let t = hex_text.trim();
+    let how = "write the token's SHA-256 as 64 hex digits, e.g. the output of `printf %s \"$TOKEN\" | sha256sum`, not the token itself";
+    if t.len() != 64 {
+        return Err(format!("is {} characters long; {how}", t.len()));
+    }
+    let mut out = [0u8; 32];
+    hex::decode_to_slice(t, &mut out).map_err(|_| format!("is not hexadecimal; {how}"))?;
+    Ok(out)
+}

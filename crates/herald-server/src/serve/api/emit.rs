@@ -1,0 +1,131 @@
+//! `POST /v1/events` and `POST /v1/events/batch`: emits, one or many.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use herald::{ClientError, EmitOptions, EmitRequest, Emitted, EventId};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use super::Shared;
+use crate::config::parse_duration;
+use crate::serve::auth::Caller;
+use crate::serve::error::{ApiError, JsonBody};
+
+/// One event to emit.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct EmitBody {
+    tenant: String,
+    handler: String,
+    payload: Box<RawValue>,
+    #[serde(default)]
+    delay: Option<String>,
+    #[serde(default)]
+    max_attempts: Option<u32>,
+    #[serde(default)]
+    idempotency_key: Option<String>,
+}
+
+impl EmitBody {
+    fn into_request(self) -> Result<EmitRequest, ApiError> {
+        let delay = match self.delay {
+            None => None,
+            Some(d) => Some(
+                parse_duration(&d)
+                    .map_err(|m| ApiError::invalid("invalid_delay", format!("delay: {m}")))?,
+            ),
+        };
+        Ok(EmitRequest {
+            tenant: self.tenant,
+            handler: self.handler,
+            payload: self.payload.get().to_string(),
+            options: EmitOptions {
+                delay,
+                max_attempts: self.max_attempts,
+                idempotency_key: self.idempotency_key,
+            },
+        })
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct BatchBody {
+    events: Vec<EmitBody>,
+}
+
+#[derive(Serialize)]
+pub(super) struct EmitResult {
+    id: EventId,
+    created: bool,
+}
+
+impl From<Emitted> for EmitResult {
+    fn from(e: Emitted) -> Self {
+        EmitResult {
+            id: e.id(),
+            created: matches!(e, Emitted::Created(_)),
+        }
+    }
+}
+
+pub(super) async fn emit(
+    State(s): Shared,
+    caller: Caller,
+    JsonBody(body): JsonBody<EmitBody>,
+) -> Result<Response, ApiError> {
+    caller.may_act_for(&body.tenant)?;
+    let request = body.into_request()?;
+    let emitted = s.client.emit_batch(vec![request]).await?;
+    let result = EmitResult::from(emitted[0]);
+    let status = if result.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(result)).into_response())
+}
+
+pub(super) async fn emit_batch(
+    State(s): Shared,
+    caller: Caller,
+    JsonBody(body): JsonBody<BatchBody>,
+) -> Result<Response, ApiError> {
+    let n = body.events.len();
+    if n == 0 {
+        return Err(ApiError::invalid(
+            "empty_batch",
+            format!("events is empty; send 1 to {} events", s.max_batch),
+        ));
+    }
+    if n > s.max_batch {
+        return Err(ApiError::invalid(
+            "batch_too_large",
+            format!(
+                "events holds {n} events, over the limit of {}; split it into smaller batches",
+                s.max_batch
+            ),
+        ));
+    }
+    let mut requests = Vec::with_capacity(n);
+    for (i, e) in body.events.into_iter().enumerate() {
+        let at = format!("events[{i}]");
+        caller.may_act_for(&e.tenant).map_err(|e| e.within(&at))?;
+        requests.push(e.into_request().map_err(|e| e.within(&at))?);
+    }
+    let emitted = s.client.emit_batch(requests).await.map_err(|e| match e {
+        // A batch of one is validated as a single request: name its index too.
+        ClientError::Store(_) | ClientError::InBatch { .. } => ApiError::from(e),
+        other => ApiError::from(other).within("events[0]"),
+    })?;
+    let created = emitted.iter().any(|e| matches!(e, Emitted::Created(_)));
+    let results: Vec<EmitResult> = emitted.into_iter().map(EmitResult::from).collect();
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(serde_json::json!({ "results": results }))).into_response())
+}
