@@ -1,6 +1,6 @@
 //! The claim condition against the decision: a store's one-statement claim
 //! must take an event exactly when [`decision::admit`] says
-//! [`Verdict::Claim`](decision::Verdict::Claim) for it, since the runtime asks `admit` only after a
+//! [`Verdict::Claim`] for it, since the runtime asks `admit` only after a
 //! claim took nothing. Runs in the store suite ([`crate::store_suite!`]).
 
 use std::collections::HashMap;
