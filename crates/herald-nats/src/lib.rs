@@ -19,7 +19,7 @@
 //!   terminate = `+TERM`.
 //! - Credentials: `user:password@` or `token@` in the URL, or a `.creds`
 //!   file ([`NatsConfig::credentials`]). They are passed to the client
-//!   apart from the URL, and [`redact_url`] hides them in every message.
+//!   apart from the URL, and [`herald::redact::redact_credentials`] hides them in every message.
 //!
 //! [`Queue::max_delay`] is `None`: the not-before header holds any delay; a
 //! long one is naked until due (each time with the whole time left).
@@ -40,6 +40,7 @@ use async_nats::{ConnectErrorKind, HeaderMap};
 use async_trait::async_trait;
 use futures::StreamExt;
 use herald::queue::{Delivery, DeliveryTag, Publish, Queue, QueueError, QueueResult};
+use herald::redact::{redact_credentials, userinfo};
 use tokio_util::sync::CancellationToken;
 
 /// The header that holds a delayed message's due time, in unix ms.
@@ -128,7 +129,7 @@ impl std::fmt::Debug for NatsConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The URL may hold a password.
         f.debug_struct("NatsConfig")
-            .field("url", &redact_url(&self.url))
+            .field("url", &redact_credentials(&self.url))
             .field("credentials", &self.credentials)
             .field("stream", &self.stream)
             .field("subject", &self.subject)
@@ -178,7 +179,7 @@ impl NatsConfig {
         if self.credentials.is_some() && userinfo(&self.url).is_some() {
             return bad(format!(
                 "{} holds credentials and a credentials file is given too: use one",
-                redact_url(&self.url)
+                redact_credentials(&self.url)
             ));
         }
         if self.duplicate_window < MIN_DUPLICATE_WINDOW {
@@ -188,31 +189,6 @@ impl NatsConfig {
             ));
         }
         Ok(())
-    }
-}
-
-/// The byte range of a URL's user information (before the `@`), if any.
-fn userinfo(url: &str) -> Option<std::ops::Range<usize>> {
-    let start = url.find("://").map_or(0, |i| i + 3);
-    let end = url[start..]
-        .find(['/', '?', '#'])
-        .map_or(url.len(), |i| start + i);
-    let at = url[start..end].rfind('@')?;
-    Some(start..start + at)
-}
-
-/// `url` with its password (`user:***@`) or token (`***@`) hidden, for
-/// messages and logs.
-pub fn redact_url(url: &str) -> String {
-    match userinfo(url) {
-        None => url.to_string(),
-        Some(r) => {
-            let hidden = match url[r.clone()].split_once(':') {
-                Some((user, _)) => format!("{user}:***"),
-                None => "***".to_string(),
-            };
-            format!("{}{hidden}{}", &url[..r.start], &url[r.end..])
-        }
     }
 }
 
@@ -307,7 +283,7 @@ impl NatsQueue {
     /// suit herald; [`QueueError::Backend`] when no server answered.
     pub async fn connect(config: NatsConfig) -> QueueResult<Self> {
         config.check()?;
-        let shown = redact_url(&config.url);
+        let shown = redact_credentials(&config.url);
         let (url, auth) = split_auth(&config.url);
         let creds = match &config.credentials {
             Some(path) => Some(tokio::fs::read_to_string(path).await.map_err(|e| {
@@ -925,7 +901,7 @@ mod tests {
             ("nats://h:4222/a@b", "nats://h:4222/a@b"),
         ];
         for (url, shown) in cases {
-            assert_eq!(redact_url(url), shown, "{url}");
+            assert_eq!(redact_credentials(url), shown, "{url}");
         }
     }
 

@@ -12,6 +12,7 @@ pub mod handler;
 pub mod memory_queue;
 pub mod model;
 pub mod queue;
+pub mod redact;
 pub mod retry;
 pub mod store;
 pub mod sweep;

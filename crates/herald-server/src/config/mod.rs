@@ -117,16 +117,8 @@ impl std::fmt::Display for StoreLocation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             StoreLocation::Sqlite(p) => write!(f, "sqlite://{}", p.display()),
-            StoreLocation::Postgres(url) => {
-                // Never print a password.
-                match url.split_once('@') {
-                    Some((head, tail)) if head.contains(':') && head.matches(':').count() > 1 => {
-                        let scheme_user = head.rsplit_once(':').map(|(a, _)| a).unwrap_or(head);
-                        write!(f, "{scheme_user}:***@{tail}")
-                    }
-                    _ => write!(f, "{url}"),
-                }
-            }
+            // Never print a password.
+            StoreLocation::Postgres(url) => write!(f, "{}", herald::redact::redact_password(url)),
         }
     }
 }

@@ -5,6 +5,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use herald::redact::redact_credentials;
+
 use super::sources::Origins;
 use super::ConfigError;
 
@@ -28,7 +30,7 @@ impl std::fmt::Display for QueueConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             QueueConfig::Memory => write!(f, "memory"),
-            QueueConfig::Nats(c) => write!(f, "{}", herald_nats::redact_url(&c.url)),
+            QueueConfig::Nats(c) => write!(f, "{}", redact_credentials(&c.url)),
             QueueConfig::Pubsub(c) => write!(
                 f,
                 "pubsub://{}/{}?subscription={}",
@@ -202,7 +204,7 @@ pub(super) fn resolve_queue(
         }
         other => Err(err(
             "queue",
-            format!("{:?} is not a queue this build has; write \"memory\" (the in-process queue), a NATS URL like \"nats://127.0.0.1:4222\", or a Pub/Sub location like \"pubsub://PROJECT/TOPIC?subscription=NAME\"", herald_nats::redact_url(other)),
+            format!("{:?} is not a queue this build has; write \"memory\" (the in-process queue), a NATS URL like \"nats://127.0.0.1:4222\", or a Pub/Sub location like \"pubsub://PROJECT/TOPIC?subscription=NAME\"", redact_credentials(other)),
         )),
     }
 }
@@ -277,12 +279,12 @@ fn nats(
     err: &dyn Fn(&str, String) -> ConfigError,
 ) -> Result<herald_nats::NatsConfig, ConfigError> {
     // The redacted form differs exactly when the URL holds credentials.
-    if keys.credentials.is_some() && herald_nats::redact_url(url) != url {
+    if keys.credentials.is_some() && redact_credentials(url) != url {
         return Err(err(
             "nats_credentials",
             format!(
                 "is set, and the queue URL {} holds credentials too: use one of them",
-                herald_nats::redact_url(url)
+                redact_credentials(url)
             ),
         ));
     }

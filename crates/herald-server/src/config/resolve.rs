@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use herald::{RetryPolicy, WorkerConfig};
+use herald::WorkerConfig;
 
 use super::file::{AuthSection, Dur, FileConfig, WorkerSection};
 use super::queue::resolve_queue;
@@ -137,31 +137,17 @@ fn resolve_worker(
     err: &Refuse<'_>,
 ) -> Result<(WorkerConfig, bool, Duration), ConfigError> {
     let mut worker = WorkerConfig::default();
+    let too_large = |key: &str, n: u64| err(key, format!("{n} is too large"));
     if let Some(n) = w.concurrency {
-        worker.concurrency = positive(Some(n), 1).map_err(|m| err("worker.concurrency", m))?;
+        worker.concurrency = usize::try_from(n).map_err(|_| too_large("worker.concurrency", n))?;
     }
     if let Some(n) = w.batch {
-        worker.batch = positive(Some(n), 1).map_err(|m| err("worker.batch", m))?;
+        worker.batch = usize::try_from(n).map_err(|_| too_large("worker.batch", n))?;
     }
     if let Some(Dur(d)) = w.lease {
-        if d < Duration::from_millis(300) {
-            return Err(err(
-                "worker.lease",
-                format!("{d:?} is too short: a lease is renewed every third of itself, so it must be at least 300ms ({:?} is the default)", WorkerConfig::default().lease),
-            ));
-        }
         worker.lease = d;
     }
     if let Some(Dur(d)) = w.sweep_every {
-        if d.is_zero() {
-            return Err(err(
-                "worker.sweep_every",
-                format!(
-                    "must be more than 0s ({:?} is the default)",
-                    WorkerConfig::default().sweep_every
-                ),
-            ));
-        }
         worker.sweep_every = d;
     }
     if let Some(Dur(d)) = w.sweep_quiet {
@@ -181,7 +167,7 @@ fn resolve_worker(
         worker.name = name;
     }
     let shutdown_grace = w.shutdown_grace.map(|Dur(d)| d).unwrap_or(DEFAULT_GRACE);
-    let mut retry = RetryPolicy::default();
+    let retry = &mut worker.policy.retry;
     if let Some(Dur(d)) = w.retry.base {
         retry.base = d;
     }
@@ -189,24 +175,17 @@ fn resolve_worker(
         retry.max = d;
     }
     if let Some(f) = w.retry.factor {
-        if !(f.is_finite() && f >= 1.0) {
-            return Err(err(
-                "worker.retry.factor",
-                format!("{f} is not a growth factor: it must be at least 1 (2 is the default)"),
-            ));
-        }
         retry.factor = f;
     }
     if let Some(j) = w.retry.jitter {
-        if !(0.0..=1.0).contains(&j) {
-            return Err(err(
-                "worker.retry.jitter",
-                format!("{j} is not a fraction from 0 to 1 (0.2 is the default)"),
-            ));
-        }
         retry.jitter = j;
     }
-    worker.policy.retry = retry;
+    // The worker's own bounds, with its messages: its `policy.retry.*`
+    // fields are `[worker.retry]` here.
+    worker.validate().map_err(|e| {
+        let key = format!("worker.{}", e.field().trim_start_matches("policy."));
+        err(&key, e.reason())
+    })?;
     Ok((worker, worker_named, shutdown_grace))
 }
 

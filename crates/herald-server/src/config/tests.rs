@@ -170,7 +170,7 @@ fn bad_values_name_the_key_and_the_fix() {
         ),
         (
             "[worker]\nconcurrency = 0",
-            "worker.concurrency: must be at least 1",
+            "worker.concurrency: 0 is not enough: it must be at least 1 (64 is the default)",
         ),
         (
             "[worker]\nconcurrency = \"many\"",

@@ -119,6 +119,17 @@ pub enum WorkerConfigError {
 }
 
 impl WorkerConfigError {
+    /// What is wrong with the value, without the field's name (the message
+    /// is `FIELD: REASON`): for callers that name the field their own way,
+    /// as `herald serve`'s configuration does (`worker.lease`).
+    pub fn reason(&self) -> String {
+        let message = self.to_string();
+        match message.strip_prefix(self.field()) {
+            Some(rest) => rest.trim_start_matches(": ").to_string(),
+            None => message,
+        }
+    }
+
     /// The field of [`WorkerConfig`] at fault, as a path (`policy.retry.factor`).
     pub fn field(&self) -> &'static str {
         match self {
