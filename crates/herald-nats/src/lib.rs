@@ -28,10 +28,20 @@
 //! the future is dropped is not lost but comes back after `AckWait`.
 //! After a server restart the client reconnects and `receive` keeps trying.
 
+mod auth;
+mod config;
+mod setup;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-use std::path::PathBuf;
+use auth::{refused, split_auth, UrlAuth};
+use setup::{check_consumer, check_stream};
+
+pub use config::{
+    NatsConfig, CONNECT_WAIT, DEFAULT_DUPLICATE_WINDOW, DEFAULT_MAX_ACK_PENDING, MAX_REPLICAS,
+    MIN_DUPLICATE_WINDOW,
+};
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -40,7 +50,7 @@ use async_nats::{ConnectErrorKind, HeaderMap};
 use async_trait::async_trait;
 use futures::StreamExt;
 use herald::queue::{Delivery, DeliveryTag, Publish, Queue, QueueError, QueueResult};
-use herald::redact::{redact_credentials, userinfo};
+use herald::redact::redact_credentials;
 use tokio_util::sync::CancellationToken;
 
 /// The header that holds a delayed message's due time, in unix ms.
@@ -69,185 +79,6 @@ const PUBLISH_PAUSE: Duration = Duration::from_millis(200);
 /// How long a publish waits for the server's ack (the JetStream context's
 /// request timeout).
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The shortest duplicate window herald accepts on an existing stream.
-///
-/// The tries of one publish reuse its `Nats-Msg-Id`, so the server must
-/// still remember the first when the last arrives. They span at most
-/// 10.6 s: two unanswered tries of [`PUBLISH_TIMEOUT`] (5 s) each, and
-/// pauses of 200 ms and 400 ms. 15 s leaves room for a slow network.
-pub const MIN_DUPLICATE_WINDOW: Duration = Duration::from_secs(15);
-
-/// The duplicate window of a stream herald creates.
-pub const DEFAULT_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
-
-/// `MaxAckPending` of a consumer herald creates, by default.
-pub const DEFAULT_MAX_ACK_PENDING: i64 = 100_000;
-
-/// The most replicas JetStream keeps of a stream.
-pub const MAX_REPLICAS: usize = 5;
-
-/// How long [`NatsQueue::connect`] keeps trying to reach a server that
-/// does not answer (refused connections, timeouts) before it gives up.
-/// Refused credentials end it at once.
-pub const CONNECT_WAIT: Duration = Duration::from_secs(10);
-
-/// How a [`NatsQueue`] names and configures its stream and consumer.
-#[derive(Clone)]
-pub struct NatsConfig {
-    /// The server, e.g. `nats://127.0.0.1:4222`. It may hold credentials:
-    /// `nats://user:password@host:4222` or `nats://token@host:4222`
-    /// (percent-encode `@`, `:` and `/` in them).
-    pub url: String,
-    /// A NATS credentials file (`.creds`: a user JWT and its NKey seed), as
-    /// made by `nsc`; `None` for none.
-    pub credentials: Option<PathBuf>,
-    /// The stream's name.
-    pub stream: String,
-    /// The subject notifications are published on.
-    pub subject: String,
-    /// The durable pull consumer's name, shared by all workers.
-    pub consumer: String,
-    /// `AckWait`: a delivery comes back when it is not answered or extended
-    /// within it. Give it the worker's lease.
-    pub ack_wait: Duration,
-    /// `MaxAckPending` of a consumer herald creates: deliveries in flight
-    /// (including naked, delayed ones). An existing consumer must allow at
-    /// least this many, or be unlimited. At least 1.
-    pub max_ack_pending: i64,
-    /// The duplicate window of a stream herald creates. An existing stream
-    /// must have at least [`MIN_DUPLICATE_WINDOW`].
-    pub duplicate_window: Duration,
-    /// Replicas of a stream herald creates, 1 to [`MAX_REPLICAS`]. The
-    /// consumer herald creates follows its stream's (replicas 0). An
-    /// existing stream with another number, or a consumer with a number of
-    /// its own that differs from its stream's, is kept, with a warning.
-    pub replicas: usize,
-}
-
-impl std::fmt::Debug for NatsConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The URL may hold a password.
-        f.debug_struct("NatsConfig")
-            .field("url", &redact_credentials(&self.url))
-            .field("credentials", &self.credentials)
-            .field("stream", &self.stream)
-            .field("subject", &self.subject)
-            .field("consumer", &self.consumer)
-            .field("ack_wait", &self.ack_wait)
-            .field("max_ack_pending", &self.max_ack_pending)
-            .field("duplicate_window", &self.duplicate_window)
-            .field("replicas", &self.replicas)
-            .finish()
-    }
-}
-
-impl NatsConfig {
-    /// Names derived from `prefix` (letters, digits, `-` and `_`): stream
-    /// `prefix`, subject `prefix.notify`, consumer `prefix_workers`; one
-    /// replica, `MaxAckPending` [`DEFAULT_MAX_ACK_PENDING`], no credentials
-    /// file.
-    pub fn new(url: impl Into<String>, prefix: &str, ack_wait: Duration) -> Self {
-        NatsConfig {
-            url: url.into(),
-            credentials: None,
-            stream: prefix.to_string(),
-            subject: format!("{prefix}.notify"),
-            consumer: format!("{prefix}_workers"),
-            ack_wait,
-            max_ack_pending: DEFAULT_MAX_ACK_PENDING,
-            duplicate_window: DEFAULT_DUPLICATE_WINDOW,
-            replicas: 1,
-        }
-    }
-
-    /// Refuses settings the server would refuse later, or that break herald.
-    fn check(&self) -> QueueResult<()> {
-        let bad = |m: String| Err(QueueError::Config(m));
-        if !(1..=MAX_REPLICAS).contains(&self.replicas) {
-            return bad(format!(
-                "replicas is {}: JetStream keeps 1 to {MAX_REPLICAS}",
-                self.replicas
-            ));
-        }
-        if self.max_ack_pending < 1 {
-            return bad(format!(
-                "max_ack_pending is {}: it must be at least 1",
-                self.max_ack_pending
-            ));
-        }
-        if self.credentials.is_some() && userinfo(&self.url).is_some() {
-            return bad(format!(
-                "{} holds credentials and a credentials file is given too: use one",
-                redact_credentials(&self.url)
-            ));
-        }
-        if self.duplicate_window < MIN_DUPLICATE_WINDOW {
-            return bad(format!(
-                "duplicate_window is {:?}: it must be at least {MIN_DUPLICATE_WINDOW:?}, the span of herald's retries of one publish",
-                self.duplicate_window
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// Decodes `%XX` escapes (user information in URLs is percent-encoded).
-fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Credentials written in a URL.
-enum UrlAuth {
-    None,
-    UserPassword(String, String),
-    Token(String),
-}
-
-/// Splits the credentials off a URL: async-nats 0.42 does not send the ones
-/// written in the URL, and the URL it is given must not hold a secret,
-/// because its debug logs print it.
-fn split_auth(url: &str) -> (String, UrlAuth) {
-    let Some(r) = userinfo(url) else {
-        return (url.to_string(), UrlAuth::None);
-    };
-    // As the NATS clients read it: `user:password`, or a lone token.
-    let auth = match url[r.clone()].split_once(':') {
-        Some((user, pass)) => UrlAuth::UserPassword(percent_decode(user), percent_decode(pass)),
-        None => UrlAuth::Token(percent_decode(&url[r.clone()])),
-    };
-    (format!("{}{}", &url[..r.start], &url[r.end + 1..]), auth)
-}
-
-/// What to say when the server refuses the connection's credentials.
-fn refused(auth: &UrlAuth, credentials: Option<&std::path::Path>) -> String {
-    match (auth, credentials) {
-        (_, Some(path)) => format!(
-            "the server refused the credentials file {}",
-            path.display()
-        ),
-        (UrlAuth::UserPassword(user, _), None) => format!(
-            "the server refused user {user:?} with the password in the URL"
-        ),
-        (UrlAuth::Token(_), None) => "the server refused the token in the URL".to_string(),
-        (UrlAuth::None, None) => "the server wants credentials: write user:password@ or token@ in the URL, or give a credentials file".to_string(),
-    }
-}
 
 /// The JetStream queue.
 pub struct NatsQueue {
@@ -665,128 +496,6 @@ struct PullState {
     wait_next: bool,
 }
 
-fn mismatch(
-    what: &str,
-    field: &str,
-    want: impl std::fmt::Debug,
-    got: impl std::fmt::Debug,
-) -> QueueError {
-    QueueError::Config(format!(
-        "{what}: {field} is {got:?}, herald needs {want:?} (fix or delete it)"
-    ))
-}
-
-/// Refuses a stream herald can't work with; returns what it accepts but
-/// would have set otherwise.
-fn check_stream(config: &NatsConfig, got: &stream::Config) -> QueueResult<Vec<String>> {
-    let what = format!("stream {}", config.stream);
-    if got.retention != stream::RetentionPolicy::WorkQueue {
-        return Err(mismatch(
-            &what,
-            "retention",
-            stream::RetentionPolicy::WorkQueue,
-            got.retention,
-        ));
-    }
-    if !got.subjects.contains(&config.subject) {
-        return Err(mismatch(
-            &what,
-            "subjects",
-            [&config.subject],
-            &got.subjects,
-        ));
-    }
-    // Memory storage loses every pending notification, delayed ones
-    // included, when its servers restart; the reconciler would then have to
-    // re-notify every pending event at once.
-    if got.storage != stream::StorageType::File {
-        return Err(QueueError::Config(format!(
-            "{what}: storage is {:?}, herald needs File: a memory stream loses its notifications when its servers restart (delete it and let herald create it, or create it with --storage file)",
-            got.storage
-        )));
-    }
-    if got.duplicate_window < MIN_DUPLICATE_WINDOW {
-        return Err(QueueError::Config(format!(
-            "{what}: duplicate_window is {:?}, herald needs at least {MIN_DUPLICATE_WINDOW:?}, the span of its retries of one publish (fix it with `nats stream edit {} --dupe-window 2m`)",
-            got.duplicate_window, config.stream
-        )));
-    }
-    let mut warnings = Vec::new();
-    if got.num_replicas != config.replicas {
-        warnings.push(format!(
-            "{what}: num_replicas is {}, herald is configured for {}; herald does not change an existing stream (`nats stream edit {} --replicas {}` does)",
-            got.num_replicas, config.replicas, config.stream, config.replicas
-        ));
-    }
-    Ok(warnings)
-}
-
-/// Refuses a consumer herald can't work with; returns what it accepts but
-/// would have set otherwise.
-fn check_consumer(
-    config: &NatsConfig,
-    got: &consumer::Config,
-    stream_replicas: usize,
-) -> QueueResult<Vec<String>> {
-    let what = format!("consumer {}", config.consumer);
-    if got.ack_policy != consumer::AckPolicy::Explicit {
-        return Err(mismatch(
-            &what,
-            "ack_policy",
-            consumer::AckPolicy::Explicit,
-            got.ack_policy,
-        ));
-    }
-    // First: the server sets AckWait to the BackOff's first step.
-    if !got.backoff.is_empty() {
-        return Err(mismatch(
-            &what,
-            "backoff",
-            Vec::<Duration>::new(),
-            &got.backoff,
-        ));
-    }
-    if got.ack_wait != config.ack_wait {
-        return Err(mismatch(&what, "ack_wait", config.ack_wait, got.ack_wait));
-    }
-    if got.max_deliver > 0 {
-        return Err(mismatch(&what, "max_deliver", -1, got.max_deliver));
-    }
-    if got.deliver_subject.is_some() {
-        return Err(mismatch(
-            &what,
-            "deliver_subject",
-            None::<String>,
-            &got.deliver_subject,
-        ));
-    }
-    if got.max_ack_pending > 0 && got.max_ack_pending < config.max_ack_pending {
-        return Err(QueueError::Config(format!(
-            "{what}: max_ack_pending is {}, herald needs at least {} or unlimited (-1): raise it with `nats consumer edit {} {} --max-pending {}`, or configure herald for {} or less",
-            got.max_ack_pending,
-            config.max_ack_pending,
-            config.stream,
-            config.consumer,
-            config.max_ack_pending,
-            got.max_ack_pending
-        )));
-    }
-    // A memory consumer's state is lost on restart: the workers' pulls then
-    // fail until it is created again.
-    if got.memory_storage {
-        return Err(mismatch(&what, "mem_storage", false, true));
-    }
-    let mut warnings = Vec::new();
-    // 0: as many as the stream.
-    if got.num_replicas != 0 && got.num_replicas != stream_replicas {
-        warnings.push(format!(
-            "{what}: num_replicas is {}, its stream has {stream_replicas}; herald does not change an existing consumer",
-            got.num_replicas
-        ));
-    }
-    Ok(warnings)
-}
-
 #[async_trait]
 impl Queue for NatsQueue {
     async fn publish(&self, batch: &[Publish]) -> QueueResult<()> {
@@ -883,110 +592,4 @@ impl Queue for NatsQueue {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls_are_shown_without_their_secrets() {
-        let cases = [
-            ("nats://127.0.0.1:4222", "nats://127.0.0.1:4222"),
-            (
-                "nats://herald:s3cret@nats-1:4222",
-                "nats://herald:***@nats-1:4222",
-            ),
-            ("tls://tok3n@nats-1:4222", "tls://***@nats-1:4222"),
-            // An `@` in the password, not encoded: the last `@` ends it.
-            ("nats://u:p@ss@h:4222/x", "nats://u:***@h:4222/x"),
-            ("u:pw@h:4222", "u:***@h:4222"),
-            ("nats://h:4222/a@b", "nats://h:4222/a@b"),
-        ];
-        for (url, shown) in cases {
-            assert_eq!(redact_credentials(url), shown, "{url}");
-        }
-    }
-
-    #[test]
-    fn credentials_are_split_off_the_url_and_decoded() {
-        let (url, auth) = split_auth("nats://herald:p%40ss%3Aw@h:4222");
-        assert_eq!(url, "nats://h:4222");
-        assert!(matches!(auth, UrlAuth::UserPassword(u, p) if u == "herald" && p == "p@ss:w"),);
-        let (url, auth) = split_auth("tls://t0k%2F@h");
-        assert_eq!(url, "tls://h");
-        assert!(matches!(auth, UrlAuth::Token(t) if t == "t0k/"));
-        let (url, auth) = split_auth("nats://h:4222");
-        assert_eq!(url, "nats://h:4222");
-        assert!(matches!(auth, UrlAuth::None));
-        assert_eq!(percent_decode("a%zz%4"), "a%zz%4");
-    }
-
-    #[test]
-    fn the_minimum_duplicate_window_covers_every_try_of_a_publish() {
-        let pauses: Duration = (1..PUBLISH_TRIES).map(|n| PUBLISH_PAUSE * n).sum();
-        let span = PUBLISH_TIMEOUT * (PUBLISH_TRIES - 1) + pauses;
-        assert_eq!(span, Duration::from_millis(10_600));
-        assert!(MIN_DUPLICATE_WINDOW > span);
-        assert!(DEFAULT_DUPLICATE_WINDOW >= MIN_DUPLICATE_WINDOW);
-    }
-
-    #[test]
-    fn settings_the_server_or_herald_would_refuse_are_refused_first() {
-        let ok = NatsConfig::new("nats://h", "herald", Duration::from_secs(30));
-        assert!(ok.check().is_ok());
-        let refused = |c: NatsConfig| match c.check() {
-            Err(QueueError::Config(m)) => m,
-            other => panic!("accepted: {other:?}"),
-        };
-        let m = refused(NatsConfig {
-            replicas: 6,
-            ..ok.clone()
-        });
-        assert!(m.contains("replicas is 6: JetStream keeps 1 to 5"), "{m}");
-        let m = refused(NatsConfig {
-            max_ack_pending: 0,
-            ..ok.clone()
-        });
-        assert!(m.contains("max_ack_pending is 0"), "{m}");
-        let m = refused(NatsConfig {
-            duplicate_window: Duration::from_secs(1),
-            ..ok.clone()
-        });
-        assert!(m.contains("at least 15s"), "{m}");
-        let m = refused(NatsConfig {
-            url: "nats://u:secret@h".into(),
-            credentials: Some("/etc/herald.creds".into()),
-            ..ok.clone()
-        });
-        assert!(m.contains("nats://u:***@h holds credentials"), "{m}");
-        assert!(!m.contains("secret"), "{m}");
-    }
-
-    #[test]
-    fn a_consumer_with_replicas_of_its_own_unlike_its_streams_is_kept_with_a_warning() {
-        let config = NatsConfig::new("nats://h", "herald", Duration::from_secs(30));
-        let consumer = consumer::Config {
-            ack_policy: consumer::AckPolicy::Explicit,
-            ack_wait: config.ack_wait,
-            max_ack_pending: -1,
-            num_replicas: 1,
-            ..Default::default()
-        };
-        assert_eq!(
-            check_consumer(&config, &consumer, 3).unwrap(),
-            ["consumer herald_workers: num_replicas is 1, its stream has 3; herald does not change an existing consumer"]
-        );
-        assert!(check_consumer(&config, &consumer, 1).unwrap().is_empty());
-        let following = consumer::Config {
-            num_replicas: 0,
-            ..consumer
-        };
-        assert!(check_consumer(&config, &following, 3).unwrap().is_empty());
-    }
-
-    #[test]
-    fn the_debug_form_hides_the_password() {
-        let c = NatsConfig::new("nats://u:secret@h", "herald", Duration::from_secs(30));
-        let shown = format!("{c:?}");
-        assert!(shown.contains("nats://u:***@h"), "{shown}");
-        assert!(!shown.contains("secret"), "{shown}");
-    }
-}
+mod tests;
