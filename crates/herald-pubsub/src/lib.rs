@@ -52,7 +52,9 @@
 //! Credentials or a service-account key file; `PUBSUB_EMULATOR_HOST` (or
 //! [`PubsubConfig::emulator`]) selects the emulator.
 
+mod receive;
 pub mod settings;
+mod setup;
 #[cfg(feature = "testing")]
 pub mod testing;
 
@@ -61,21 +63,20 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use futures::{FutureExt, StreamExt};
-use gcloud_gax::conn::{ConnectionOptions, Environment};
-use gcloud_gax::grpc::{Code, Status};
+use gcloud_gax::grpc::Code;
 use gcloud_googleapis::pubsub::v1::{AcknowledgeRequest, ModifyAckDeadlineRequest, PubsubMessage};
-use gcloud_pubsub::client::{Client, ClientConfig};
+use gcloud_pubsub::client::Client;
 use gcloud_pubsub::publisher::Publisher;
-use gcloud_pubsub::subscriber::{ReceivedMessage, SubscriberConfig};
-use gcloud_pubsub::subscription::{MessageStream, SubscribeConfig, Subscription};
+use gcloud_pubsub::subscription::{MessageStream, Subscription};
 use herald::queue::{Delivery, DeliveryTag, Publish, Queue, QueueError, QueueResult};
 use tokio_util::sync::CancellationToken;
 
-use settings::{hold_back_seconds, time_left, ACK_BATCH, PUBLISH_BATCH};
+use receive::expiry_loop;
+use settings::{hold_back_seconds, ACK_BATCH, PUBLISH_BATCH};
 pub use settings::{
     PubsubConfig, PullMode, DEFAULT_MAX_OUTSTANDING, MAX_ACK_DEADLINE, MIN_ACK_DEADLINE, NOT_BEFORE,
 };
+use setup::client;
 
 /// How long [`PubsubQueue::connect`] keeps trying to reach a service that
 /// does not answer before it gives up.
@@ -194,157 +195,7 @@ impl Drop for PubsubQueue {
     }
 }
 
-/// A client for the emulator or the service, tried for [`CONNECT_WAIT`].
-async fn client(config: &PubsubConfig) -> QueueResult<Client> {
-    let emulator = config
-        .emulator
-        .clone()
-        .or_else(|| std::env::var("PUBSUB_EMULATOR_HOST").ok())
-        .filter(|h| !h.is_empty());
-    let deadline = Instant::now() + CONNECT_WAIT;
-    let mut waiting = false;
-    loop {
-        let options = ConnectionOptions {
-            connect_timeout: Some(Duration::from_secs(5)),
-            // A server that went away is noticed within seconds, not when
-            // the kernel gives up on the connection.
-            http2_keep_alive_interval: Some(Duration::from_secs(10)),
-            keep_alive_timeout: Some(Duration::from_secs(5)),
-            keep_alive_while_idle: Some(true),
-            timeout: None,
-        };
-        let mut cc = ClientConfig {
-            project_id: Some(config.project.clone()),
-            connection_option: options,
-            ..ClientConfig::default()
-        };
-        let where_ = match &emulator {
-            Some(host) => {
-                cc.environment = Environment::Emulator(host.clone());
-                format!("the Pub/Sub emulator at {host}")
-            }
-            None => {
-                cc = match &config.credentials {
-                    Some(path) => {
-                        let file = gcloud_pubsub::client::google_cloud_auth::credentials::CredentialsFile::new_from_file(
-                            path.display().to_string(),
-                        )
-                        .await
-                        .map_err(|e| {
-                            QueueError::Config(format!(
-                                "cannot read the credentials file {}: {e}",
-                                path.display()
-                            ))
-                        })?;
-                        cc.with_credentials(file).await
-                    }
-                    None => cc.with_auth().await,
-                }
-                .map_err(|e| {
-                    QueueError::Config(format!(
-                        "no Google Cloud credentials: {e} (set GOOGLE_APPLICATION_CREDENTIALS or pubsub_credentials to a service-account key file, run on Google Cloud, or set PUBSUB_EMULATOR_HOST for the emulator)"
-                    ))
-                })?;
-                // The configured project, not the credentials'.
-                cc.project_id = Some(config.project.clone());
-                "Pub/Sub".to_string()
-            }
-        };
-        match Client::new(cc).await {
-            Ok(c) => return Ok(c),
-            Err(e) => {
-                if Instant::now() >= deadline {
-                    return Err(backend(&format!("connect to {where_}"), e));
-                }
-                if !waiting {
-                    tracing::warn!(
-                        "cannot connect to {where_} yet: {e}; trying again for up to {CONNECT_WAIT:?}"
-                    );
-                    waiting = true;
-                }
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-        }
-    }
-}
-
 impl Inner {
-    /// Creates the topic and the subscription when missing; checks the
-    /// subscription when present. Returns the warnings.
-    async fn ensure(&self) -> QueueResult<Vec<String>> {
-        let config = &self.config;
-        let topic = self.client.topic(&config.topic);
-        let exists = topic
-            .exists(None)
-            .await
-            .map_err(|e| backend(&format!("look up topic {}", config.topic_name()), e))?;
-        if !exists {
-            match topic.create(None, None).await {
-                Ok(()) => tracing::info!(topic = %config.topic_name(), "created the topic"),
-                // Another worker was first.
-                Err(e) if e.code() == Code::AlreadyExists => {}
-                Err(e) => return Err(backend(&format!("create topic {}", config.topic_name()), e)),
-            }
-        }
-        let wanted = settings::wanted_subscription(config);
-        let found = match self.subscription.config(None).await {
-            Ok(found) => Some(found),
-            Err(e) if e.code() == Code::NotFound => None,
-            Err(e) => {
-                return Err(backend(
-                    &format!("look up subscription {}", config.subscription_name()),
-                    e,
-                ))
-            }
-        };
-        let (topic_name, got) = match found {
-            Some(found) => found,
-            None => {
-                match self
-                    .subscription
-                    .create(&config.topic_name(), wanted.clone(), None)
-                    .await
-                {
-                    Ok(()) => {
-                        tracing::info!(subscription = %config.subscription_name(), ack_deadline = ?config.ack_deadline(), "created the subscription");
-                    }
-                    Err(e) if e.code() == Code::AlreadyExists => {}
-                    Err(e) => {
-                        return Err(backend(
-                            &format!("create subscription {}", config.subscription_name()),
-                            e,
-                        ))
-                    }
-                }
-                self.subscription.config(None).await.map_err(|e| {
-                    backend(
-                        &format!("look up subscription {}", config.subscription_name()),
-                        e,
-                    )
-                })?
-            }
-        };
-        settings::check_subscription(config, &topic_name, &got)
-    }
-
-    async fn subscribe(&self) -> Result<MessageStream, Status> {
-        let secs = self.config.ack_deadline().as_secs() as i32;
-        let sc = SubscriberConfig {
-            stream_ack_deadline_seconds: secs,
-            max_outstanding_messages: self.config.max_outstanding as i64,
-            // Bytes are never the limit: a notification is under 100 bytes.
-            max_outstanding_bytes: 0,
-            ..SubscriberConfig::default()
-        };
-        self.subscription
-            .subscribe(Some(
-                SubscribeConfig::default()
-                    .with_subscriber_config(sc)
-                    .with_channel_capacity(self.config.max_outstanding),
-            ))
-            .await
-    }
-
     async fn publish_messages(&self, messages: Vec<PubsubMessage>) -> QueueResult<()> {
         for chunk in messages.chunks(PUBLISH_BATCH) {
             let mut recreated = false;
@@ -416,193 +267,6 @@ impl Inner {
                 .map_err(|e| backend("ack", e))?;
         }
         Ok(())
-    }
-
-    /// Forgets these deliveries: they are answered.
-    fn release(&self, ack_ids: impl IntoIterator<Item = impl AsRef<str>>) {
-        {
-            let mut held = self.held.lock().expect("held lock");
-            for id in ack_ids {
-                held.remove(id.as_ref());
-            }
-        }
-        self.room.notify_waiters();
-    }
-
-    /// How many more deliveries this process may take into work:
-    /// `max_outstanding` less what it holds.
-    fn budget(&self) -> usize {
-        let held = self.held.lock().expect("held lock").len();
-        self.config.max_outstanding.saturating_sub(held)
-    }
-
-    /// Waits until this process holds fewer than `max_outstanding` deliveries.
-    async fn wait_for_room(&self) -> usize {
-        loop {
-            let notified = self.room.notified();
-            let budget = self.budget();
-            if budget > 0 {
-                return budget;
-            }
-            notified.await;
-        }
-    }
-
-    /// Splits received messages into due deliveries, which are now held
-    /// for the ack wait, and messages not yet due, which are held back
-    /// for the time left.
-    async fn sort(&self, messages: Vec<ReceivedMessage>) -> Vec<Delivery> {
-        let now = unix_ms(SystemTime::now());
-        let expires = Instant::now() + self.config.ack_wait;
-        let mut due = Vec::with_capacity(messages.len());
-        let mut later: HashMap<i32, Vec<String>> = HashMap::new();
-        {
-            let mut held = self.held.lock().expect("held lock");
-            for m in messages {
-                let not_before = m.message.attributes.get(NOT_BEFORE).map(String::as_str);
-                if let Some(left) = time_left(not_before, now) {
-                    later
-                        .entry(hold_back_seconds(left))
-                        .or_default()
-                        .push(m.ack_id);
-                    continue;
-                }
-                held.insert(m.ack_id.clone(), expires);
-                due.push(Delivery {
-                    payload: m.message.data,
-                    tag: DeliveryTag(m.ack_id),
-                });
-            }
-        }
-        tracing::debug!(
-            received = due.len() + later.values().map(Vec::len).sum::<usize>(),
-            due = due.len(),
-            "messages from the streaming pull"
-        );
-        for (seconds, ids) in later {
-            // If this fails the message comes back after the stream's
-            // deadline and is held back again then.
-            if let Err(e) = self.modify_deadline(ids, seconds).await {
-                tracing::warn!(error = %e, "cannot hold back a message that is not due");
-            }
-        }
-        due
-    }
-
-    async fn receive(&self, max: usize) -> Vec<Delivery> {
-        if self.config.pull == PullMode::Unary {
-            return self.pull_unary(max).await;
-        }
-        let mut stream = self.stream.lock().await;
-        loop {
-            // The bound is kept here too: the service stops sending at
-            // `max_outstanding_messages`, the emulator does not. What it
-            // sends beyond stays unread and comes back after its deadline.
-            let max = max.min(self.wait_for_room().await);
-            if stream.is_none() {
-                match self.subscribe().await {
-                    Ok(s) => *stream = Some(s),
-                    Err(e) => {
-                        tracing::warn!(subscription = %self.config.subscription_name(), error = %e, "cannot open the streaming pull");
-                        tokio::time::sleep(REOPEN_PAUSE).await;
-                        continue;
-                    }
-                }
-            }
-            let open = stream.as_mut().expect("opened");
-            let Some(first) = open.next().await else {
-                // The pull ended for good (the subscription went away, as
-                // in an emulator restart): check, make it again, reopen.
-                tracing::warn!(subscription = %self.config.subscription_name(), "the streaming pull ended; opening it again");
-                if let Some(old) = stream.take() {
-                    old.dispose().await;
-                }
-                if let Err(e) = self.ensure().await {
-                    tracing::warn!(error = %e, "cannot check the subscription");
-                }
-                tokio::time::sleep(REOPEN_PAUSE).await;
-                continue;
-            };
-            let mut got = vec![first];
-            while got.len() < max {
-                match open.next().now_or_never() {
-                    Some(Some(m)) => got.push(m),
-                    _ => break,
-                }
-            }
-            let due = self.sort(got).await;
-            if !due.is_empty() {
-                return due;
-            }
-        }
-    }
-
-    /// [`PullMode::Unary`]: Pull requests for the room left, until one
-    /// brings a due message. A dropped call loses nothing: what its
-    /// answer brought comes back after the ack deadline.
-    async fn pull_unary(&self, max: usize) -> Vec<Delivery> {
-        loop {
-            let room = max.min(self.wait_for_room().await);
-            match self.subscription.pull(room as i32, None).await {
-                Ok(got) if got.is_empty() => {}
-                Ok(got) => {
-                    let due = self.sort(got).await;
-                    if !due.is_empty() {
-                        return due;
-                    }
-                }
-                Err(e) if e.code() == Code::NotFound => {
-                    tracing::warn!(subscription = %self.config.subscription_name(), "the subscription is gone; creating it again");
-                    if let Err(e) = self.ensure().await {
-                        tracing::warn!(error = %e, "cannot check the subscription");
-                    }
-                    tokio::time::sleep(REOPEN_PAUSE).await;
-                }
-                Err(e) => {
-                    tracing::warn!(subscription = %self.config.subscription_name(), error = %e, "pull failed");
-                    tokio::time::sleep(REOPEN_PAUSE).await;
-                }
-            }
-        }
-    }
-
-    /// Hands back the deliveries whose ack wait has passed.
-    async fn expire(&self) {
-        let now = Instant::now();
-        let lapsed: Vec<String> = {
-            let mut held = self.held.lock().expect("held lock");
-            let lapsed: Vec<String> = held
-                .iter()
-                .filter(|(_, at)| **at <= now)
-                .map(|(id, _)| id.clone())
-                .collect();
-            for id in &lapsed {
-                held.remove(id);
-            }
-            lapsed
-        };
-        if lapsed.is_empty() {
-            return;
-        }
-        self.room.notify_waiters();
-        tracing::debug!(
-            count = lapsed.len(),
-            "deliveries past their ack wait: handing them back"
-        );
-        if let Err(e) = self.modify_deadline(lapsed, 0).await {
-            // They come back after the subscription's deadline instead.
-            tracing::warn!(error = %e, "cannot hand back deliveries past their ack wait");
-        }
-    }
-}
-
-/// Every quarter of the ack wait (50 ms to 1 s), hands back what lapsed.
-async fn expiry_loop(inner: Arc<Inner>) {
-    let every =
-        (inner.config.ack_wait / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
-    loop {
-        tokio::time::sleep(every).await;
-        inner.expire().await;
     }
 }
 
