@@ -12,10 +12,10 @@
 //! and ADR 0005 describe: an expired lease stays its holder's until someone
 //! else claims the event; renewals and sweep stamps leave `updated_at`
 //! alone; a sweep returns dead workers' events before the others; revive is
-//! refused with [`StoreError::Invalid`] when a live event has the same
-//! idempotency key; the payload is kept byte for byte; `rules()` is ordered
-//! by tenant, handler and kind name, `counts()` by tenant, handler and state
-//! (pending, dead, done).
+//! refused with [`StoreError::Invalid`](crate::store::StoreError::Invalid)
+//! when a live event has the same idempotency key; the payload is kept byte
+//! for byte; `rules()` is ordered by tenant, handler and kind name,
+//! `counts()` by tenant, handler and state (pending, dead, done).
 
 mod claim;
 mod emit;
