@@ -1,0 +1,142 @@
+//! Engine scenarios for what comes in: bad payloads, idempotency keys, garbage, unknown handlers.
+
+use std::sync::Arc;
+
+use super::{Rig, H, QUIET, SOON, T};
+use crate::client::{ClientError, EmitOptions, EmitRequest};
+use crate::model::EventState;
+use crate::store::Store;
+use crate::testkit::eventually;
+
+/// Garbage on the queue is dropped with a log line; real events still run.
+pub async fn garbage_on_the_queue_is_dropped(store: Arc<dyn Store>) {
+    let rig = Rig::new(store).await;
+    let w = rig.worker();
+    for garbage in [
+        b"\x00\xffnot json".to_vec(),
+        br#"{"tenant":"acme","event_id":"not-a-uuid"}"#.to_vec(),
+    ] {
+        rig.backdoor
+            .publish_raw(garbage)
+            .await
+            .expect("publish garbage");
+    }
+    let id = rig.emit().await;
+    rig.runs_once(id).await;
+    assert_eq!(w.stats().garbage, 2);
+    // Terminated, not nacked: it never comes back.
+    tokio::time::sleep(QUIET).await;
+    assert_eq!(w.stats().garbage, 2, "garbage is not redelivered");
+    w.shutdown(SOON).await;
+}
+
+/// An event for a handler nobody registered is stored, kept and visible,
+/// with its attempts untouched.
+pub async fn unknown_handler_is_stored_and_kept(store: Arc<dyn Store>) {
+    let rig = Rig::new(store).await;
+    let w = rig.worker();
+    // After the start-up sweep, or it may notify the event a second time.
+    rig.swept(&w).await;
+    let id = rig
+        .emit_to("not_deployed_yet", EmitOptions::default())
+        .await;
+    eventually("the notification is dropped", SOON, || {
+        let n = w.stats().dropped;
+        async move { n >= 1 }
+    })
+    .await;
+    if let Some(q) = &rig.memory {
+        assert!(q.is_empty(), "no notification circulates for it");
+    }
+    let e = rig.store.get(id).await.unwrap().expect("kept");
+    assert_eq!((e.state, e.attempt), (EventState::Pending, 0));
+    let counts = rig.client.counts().await.unwrap();
+    assert!(counts
+        .iter()
+        .any(|c| c.handler == "not_deployed_yet" && c.count == 1));
+    w.shutdown(SOON).await;
+}
+
+/// Payloads that are not JSON or too large are refused, saying which and why.
+pub async fn bad_payloads_are_refused_and_nothing_is_stored(store: Arc<dyn Store>) {
+    let rig = Rig::new(store).await;
+    let client = rig.client.clone().max_payload(1024);
+    let err = client
+        .emit_json(T, H, "{not json", EmitOptions::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ClientError::NotJson(_)), "{err}");
+    assert!(err.to_string().contains("not valid JSON"), "{err}");
+    let big = format!(r#"{{"blob":"{}"}}"#, "x".repeat(2000));
+    let err = client
+        .emit_json(T, H, &big, EmitOptions::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ClientError::TooLarge {
+                size: 2011,
+                limit: 1024
+            }
+        ),
+        "{err}"
+    );
+    let err = client
+        .emit_json("", H, "{}", EmitOptions::default())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("tenant"), "{err}");
+    let batch = vec![
+        EmitRequest {
+            tenant: T.into(),
+            handler: H.into(),
+            payload: "{}".into(),
+            options: EmitOptions::default(),
+        },
+        EmitRequest {
+            tenant: T.into(),
+            handler: H.into(),
+            payload: "[1,".into(),
+            options: EmitOptions::default(),
+        },
+    ];
+    let err = client.emit_batch(batch).await.unwrap_err();
+    assert!(err.to_string().starts_with("event 1 of the batch"), "{err}");
+    assert_eq!(rig.stored().await, 0, "a refused batch stores nothing");
+}
+
+/// A second emit with the same idempotency key returns the first event.
+pub async fn idempotency_key_runs_once(store: Arc<dyn Store>) {
+    let rig = Rig::new(store).await;
+    rig.client.pause(T, H).await.unwrap();
+    let opts = EmitOptions::default().idempotency_key("order-42");
+    let a = rig
+        .client
+        .emit_json(T, H, "{}", opts.clone())
+        .await
+        .unwrap();
+    let b = rig
+        .client
+        .emit_json(T, H, "{}", opts.clone())
+        .await
+        .unwrap();
+    assert!(matches!(a, crate::Emitted::Created(_)));
+    assert_eq!(b, crate::Emitted::Existing(a.id()));
+    // Another handler or tenant is another key space.
+    let c = rig
+        .client
+        .emit_json("other", H, "{}", opts.clone())
+        .await
+        .unwrap();
+    assert!(matches!(c, crate::Emitted::Created(_)));
+    assert_eq!(rig.stored().await, 2);
+    let w = rig.worker();
+    rig.client.unpause(T, H).await.unwrap();
+    rig.runs_once(a.id()).await;
+    // Once done, the key is free again.
+    let d = rig.client.emit_json(T, H, "{}", opts).await.unwrap();
+    assert!(matches!(d, crate::Emitted::Created(_)));
+    rig.runs_once(d.id()).await;
+    w.shutdown(SOON).await;
+}

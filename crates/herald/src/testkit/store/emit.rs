@@ -1,0 +1,135 @@
+//! Store scenarios for emit: fields kept as given, ids and idempotency keys deduplicated.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{claim_one, emit_one, from_now, get, new_event, settle_one, store_now, LEASE};
+use crate::model::{Emitted, EventId, EventState, NewEvent};
+use crate::store::{Finish, Store, StoreError};
+use crate::testkit::stored;
+
+/// Emit stores every field as given (the payload byte for byte), pending,
+/// attempt 0, no lease, created and updated at the store's now.
+pub async fn emit_stores_the_event_as_given(store: Arc<dyn Store>) {
+    let store = store.as_ref();
+    let mut e = new_event("acme", "send_email");
+    e.payload = "{ \"n\": 1,  \"text\": \"é ✓\", \"nested\": {\"b\": [1, 2.50]} }".into();
+    e.run_at = from_now(Duration::from_secs(5));
+    e.max_attempts = 7;
+    e.idempotency_key = Some("k1".into());
+    let before = store_now(store).await;
+    let id = emit_one(store, e.clone()).await;
+    let after = store_now(store).await;
+    assert_eq!(id, e.id);
+    let got = get(store, id).await;
+    assert_eq!(got.id, e.id);
+    assert_eq!(got.tenant, "acme");
+    assert_eq!(got.handler, "send_email");
+    assert_eq!(got.payload, e.payload, "the payload exactly as emitted");
+    assert_eq!(got.state, EventState::Pending);
+    assert_eq!(got.run_at, e.run_at);
+    assert_eq!(got.attempt, 0);
+    assert_eq!(got.max_attempts, 7);
+    assert_eq!(got.lease, None);
+    assert_eq!(got.last_error, None);
+    assert_eq!(got.idempotency_key.as_deref(), Some("k1"));
+    assert!(got.created_at >= before && got.created_at <= after);
+    assert_eq!(got.updated_at, got.created_at);
+    assert_eq!(store.get(EventId::new()).await.expect("get"), None);
+}
+
+/// Emitting an id that is stored already (a retried emit whose first try
+/// committed) reports it as existing and stores nothing more.
+pub async fn emitting_the_same_id_twice_reports_existing(store: Arc<dyn Store>) {
+    let store = store.as_ref();
+    let e = new_event("t", "h");
+    assert_eq!(
+        store.emit(std::slice::from_ref(&e)).await.expect("emit"),
+        vec![Emitted::Created(e.id)]
+    );
+    let other = new_event("t", "h");
+    assert_eq!(
+        store.emit(&[e.clone(), other.clone()]).await.expect("emit"),
+        vec![Emitted::Existing(e.id), Emitted::Created(other.id)]
+    );
+    assert_eq!(stored(store).await, 2);
+}
+
+/// One live event per `(tenant, handler, key)`: existing within a batch, in
+/// a later batch and while running; independent per tenant and handler;
+/// free again once the event went dead, done or deleted; and revive refuses
+/// to make a second live event with the key.
+pub async fn idempotency_key_is_one_live_event_per_key(store: Arc<dyn Store>) {
+    let store = store.as_ref();
+    let keyed = |key: &str| NewEvent {
+        idempotency_key: Some(key.into()),
+        ..new_event("t", "h")
+    };
+    // Within one batch.
+    let a = keyed("k");
+    let b = keyed("k");
+    assert_eq!(
+        store.emit(&[a.clone(), b.clone()]).await.expect("emit"),
+        vec![Emitted::Created(a.id), Emitted::Existing(a.id)]
+    );
+    assert_eq!(store.get(b.id).await.expect("get"), None);
+    // In a later batch, while pending.
+    assert_eq!(
+        store.emit(&[keyed("k")]).await.expect("emit"),
+        vec![Emitted::Existing(a.id)]
+    );
+    // While running.
+    let token = claim_one(store, a.id, LEASE).await.expect("claimed");
+    assert_eq!(
+        store.emit(&[keyed("k")]).await.expect("emit"),
+        vec![Emitted::Existing(a.id)]
+    );
+    // Same key, other handler or tenant: independent.
+    let other_handler = NewEvent {
+        handler: "h2".into(),
+        ..keyed("k")
+    };
+    let other_tenant = NewEvent {
+        tenant: "t2".into(),
+        ..keyed("k")
+    };
+    assert_eq!(
+        store
+            .emit(&[other_handler.clone(), other_tenant.clone()])
+            .await
+            .expect("emit"),
+        vec![
+            Emitted::Created(other_handler.id),
+            Emitted::Created(other_tenant.id)
+        ]
+    );
+    assert_eq!(stored(store).await, 3);
+    // Once it went dead, the key is free again.
+    let error = "boom".to_string();
+    assert!(settle_one(store, a.id, Some(token), Finish::Bury { error }).await);
+    let c = keyed("k");
+    assert_eq!(
+        store.emit(std::slice::from_ref(&c)).await.expect("emit"),
+        vec![Emitted::Created(c.id)]
+    );
+    // Reviving the dead one now would make two live events with one key.
+    match store.revive(a.id).await {
+        Err(StoreError::Invalid(msg)) => assert!(msg.contains(&c.id.to_string()), "{msg}"),
+        other => panic!("expected Invalid, got {other:?}"),
+    }
+    assert_eq!(get(store, a.id).await.state, EventState::Dead, "unchanged");
+    // Once deleted, the key is free again too.
+    assert!(store.delete(c.id).await.expect("delete"));
+    let d = keyed("k");
+    assert_eq!(
+        store.emit(std::slice::from_ref(&d)).await.expect("emit"),
+        vec![Emitted::Created(d.id)]
+    );
+    // And once done (archived).
+    assert!(settle_one(store, d.id, None, Finish::Archive).await);
+    let e = keyed("k");
+    assert_eq!(
+        store.emit(std::slice::from_ref(&e)).await.expect("emit"),
+        vec![Emitted::Created(e.id)]
+    );
+}

@@ -1,0 +1,118 @@
+//! Store scenarios for what an operator does to stored events: purge, revive and delete.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{
+    ago, bury, claim_one, emit_one, from_now, get, new_event, old_event, settle_one, store_now,
+    LEASE, PAST_SHORT, SHORT,
+};
+use crate::model::{EventId, EventState};
+use crate::store::{Finish, Store};
+use crate::testkit::stored;
+
+/// Purge deletes dead events that died before `dead_before` and done events
+/// finished before `done_before`, at most `limit` per call, and never a
+/// pending one.
+pub async fn purge_deletes_old_dead_and_done_events_up_to_the_limit(store: Arc<dyn Store>) {
+    let store = store.as_ref();
+    let mut dead = Vec::new();
+    let mut done = Vec::new();
+    for i in 0..5 {
+        let id = emit_one(store, new_event("t", "h")).await;
+        let finish = if i < 3 {
+            dead.push(id);
+            Finish::Bury { error: "x".into() }
+        } else {
+            done.push(id);
+            Finish::Archive
+        };
+        assert!(settle_one(store, id, None, finish).await);
+    }
+    let pending = emit_one(store, old_event("t", "h")).await;
+    let past = ago(Duration::from_secs(60));
+    let future = from_now(Duration::from_secs(60));
+    assert_eq!(store.purge(past, past, 100).await.expect("purge"), 0);
+    assert_eq!(store.purge(future, past, 2).await.expect("purge"), 2);
+    assert_eq!(store.purge(future, past, 2).await.expect("purge"), 1);
+    assert_eq!(store.purge(future, past, 2).await.expect("purge"), 0);
+    for id in &dead {
+        assert_eq!(store.get(*id).await.expect("get"), None);
+    }
+    for id in &done {
+        assert_eq!(get(store, *id).await.state, EventState::Done);
+    }
+    assert_eq!(store.purge(past, future, 0).await.expect("purge"), 0);
+    assert_eq!(store.purge(past, future, 100).await.expect("purge"), 2);
+    for id in &done {
+        assert_eq!(store.get(*id).await.expect("get"), None);
+    }
+    assert_eq!(store.purge(future, future, 100).await.expect("purge"), 0);
+    assert_eq!(get(store, pending).await.state, EventState::Pending);
+}
+
+/// Revive moves a dead event back to pending: attempt 0, due now, no lease,
+/// the last error kept; it returns the notification to publish, and the
+/// event can be claimed. Anything not dead: `None`.
+pub async fn revive_moves_a_dead_event_back_to_pending(store: Arc<dyn Store>) {
+    let store = store.as_ref();
+    let id = emit_one(store, new_event("t", "h")).await;
+    let token = claim_one(store, id, LEASE).await.expect("claimed");
+    // Not dead yet.
+    assert_eq!(store.revive(id).await.expect("revive"), None);
+    let error = "gave up".to_string();
+    assert!(settle_one(store, id, Some(token), Finish::Bury { error }).await);
+    let before = store_now(store).await;
+    let s = store.revive(id).await.expect("revive").expect("revived");
+    let after = store_now(store).await;
+    assert_eq!(s.notification.event_id, id);
+    assert_eq!(s.notification.tenant, "t");
+    assert_eq!(s.delay, Duration::ZERO);
+    let e = get(store, id).await;
+    assert_eq!(e.state, EventState::Pending);
+    assert_eq!(e.attempt, 0);
+    assert_eq!(e.lease, None);
+    assert_eq!(e.last_error.as_deref(), Some("gave up"));
+    assert!(e.run_at >= before && e.run_at <= after);
+    assert_eq!(e.updated_at, e.run_at);
+    // Pending now: not revived again.
+    assert_eq!(store.revive(id).await.expect("revive"), None);
+    assert!(claim_one(store, id, LEASE).await.is_some());
+    assert_eq!(get(store, id).await.attempt, 1);
+    assert_eq!(store.revive(EventId::new()).await.expect("revive"), None);
+    let done = emit_one(store, new_event("t", "h")).await;
+    assert!(settle_one(store, done, None, Finish::Archive).await);
+    assert_eq!(store.revive(done).await.expect("revive"), None);
+    assert_eq!(get(store, done).await.state, EventState::Done);
+}
+
+/// Delete removes an event that is not running (pending without a lease or
+/// with an expired one, dead, done) and refuses one with a live lease.
+pub async fn delete_refuses_only_a_running_event(store: Arc<dyn Store>) {
+    let store = store.as_ref();
+    let idle = emit_one(store, new_event("t", "h")).await;
+    assert!(store.delete(idle).await.expect("delete"));
+    assert!(!store.delete(idle).await.expect("delete"));
+    assert_eq!(store.get(idle).await.expect("get"), None);
+    assert!(!store.delete(EventId::new()).await.expect("delete"));
+
+    let running = emit_one(store, new_event("t", "h")).await;
+    claim_one(store, running, LEASE).await.expect("claimed");
+    let held = get(store, running).await;
+    assert!(!store.delete(running).await.expect("delete"));
+    assert_eq!(get(store, running).await, held);
+
+    let expired = emit_one(store, new_event("t", "h")).await;
+    claim_one(store, expired, SHORT).await.expect("claimed");
+    tokio::time::sleep(PAST_SHORT).await;
+    assert!(store.delete(expired).await.expect("delete"));
+
+    let dead = emit_one(store, new_event("t", "h")).await;
+    bury(store, dead).await;
+    assert!(store.delete(dead).await.expect("delete"));
+
+    let done = emit_one(store, new_event("t", "h")).await;
+    assert!(settle_one(store, done, None, Finish::Archive).await);
+    assert!(store.delete(done).await.expect("delete"));
+    assert_eq!(stored(store).await, 1, "only the running one");
+}
