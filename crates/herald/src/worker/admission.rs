@@ -8,14 +8,14 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 use super::settle::Ended;
 use super::telemetry::{Instruments, RunEvent};
-use super::{run, Shared};
+use super::{run, WorkerState};
 use crate::decision::{self, Answer, Plan, Reply, Tally, Write};
 use crate::model::{EventId, LeaseToken, Notification};
 use crate::queue::{Delivery, DeliveryTag};
 use crate::store::{Settle, StoreResult};
 
 /// Takes batches of notifications while slots are free, until told to stop.
-pub(super) async fn receive_loop(shared: Arc<Shared>, ended: mpsc::UnboundedSender<Ended>) {
+pub(super) async fn receive_loop(shared: Arc<WorkerState>, ended: mpsc::UnboundedSender<Ended>) {
     let mut pause = Duration::from_millis(50);
     loop {
         let mut slots = tokio::select! {
@@ -88,7 +88,7 @@ const LINGER: Duration = Duration::from_millis(1);
 /// up to [`LINGER`] for a quarter of a batch to free up, so that a busy
 /// worker claims in batches rather than one event per store call as each
 /// run ends. An idle worker has slots to spare and never lingers.
-async fn free_slots(shared: &Shared) -> OwnedSemaphorePermit {
+async fn free_slots(shared: &WorkerState) -> OwnedSemaphorePermit {
     let want = (shared.config.batch.min(shared.config.concurrency) / 4).max(1) as u32;
     let slots = shared.slots.clone();
     if let Ok(p) = slots.clone().try_acquire_many_owned(want) {
@@ -106,7 +106,7 @@ async fn free_slots(shared: &Shared) -> OwnedSemaphorePermit {
 /// Claims a batch in one store call; runs what was claimed; asks the store
 /// why the rest was not, and answers each notification per [`decision::admit`].
 async fn admit_batch(
-    shared: Arc<Shared>,
+    shared: Arc<WorkerState>,
     deliveries: Vec<Delivery>,
     mut slots: OwnedSemaphorePermit,
     ended: mpsc::UnboundedSender<Ended>,
@@ -183,7 +183,7 @@ async fn admit_batch(
             handler_known: item.is_none_or(|i| shared.handlers.contains_key(&i.event.handler)),
             now: seen.now,
         };
-        let admission = decision::admit(inspection, &policy, Shared::jitter());
+        let admission = decision::admit(inspection, &policy, WorkerState::jitter());
         tracing::debug!(event = %id, ?admission, "not claimed");
         let handler = item.map(|i| i.event.handler.as_str()).unwrap_or_default();
         match admission.plan {
@@ -209,7 +209,7 @@ async fn admit_batch(
     answers.send(&shared).await;
 }
 
-async fn requeue_all(shared: &Shared, notes: Vec<(EventId, DeliveryTag)>, answer: Answer) {
+async fn requeue_all(shared: &WorkerState, notes: Vec<(EventId, DeliveryTag)>, answer: Answer) {
     let mut answers = Answers::default();
     for (_, tag) in notes {
         answers.add(shared, tag, answer, None);
@@ -239,7 +239,7 @@ impl Answers {
     /// handler's metric handles, for tallies that count in the metrics.
     pub(super) fn add(
         &mut self,
-        shared: &Shared,
+        shared: &WorkerState,
         tag: DeliveryTag,
         answer: Answer,
         instruments: Option<&Instruments>,
@@ -255,7 +255,7 @@ impl Answers {
         }
     }
 
-    pub(super) async fn send(self, shared: &Shared) {
+    pub(super) async fn send(self, shared: &WorkerState) {
         if !self.acks.is_empty() {
             if let Err(e) = shared.queue.ack(&self.acks).await {
                 tracing::warn!(error = %e, count = self.acks.len(), "ack failed; the queue will redeliver");

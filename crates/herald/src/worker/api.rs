@@ -12,7 +12,7 @@ use tokio_util::task::TaskTracker;
 
 use super::settle::Ended;
 use super::telemetry::Instruments;
-use super::{admission, heartbeat, reconcile, settle, Shared};
+use super::{admission, heartbeat, reconcile, settle, WorkerState};
 use super::{RunSettled, StatsSnapshot, WorkerConfig, WorkerConfigError, WorkerStats};
 use crate::handler::{FnHandler, Handler, IntoOutcome, JobHandler};
 use crate::queue::Queue;
@@ -161,7 +161,7 @@ impl WorkerBuilder {
             .map(|n| (n.clone(), Arc::new(Instruments::new(n))))
             .collect();
         let (settle_tx, settle_rx) = mpsc::unbounded_channel();
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(WorkerState {
             store: self.store,
             queue: self.queue,
             handlers: self.handlers,
@@ -198,7 +198,7 @@ impl WorkerBuilder {
 
 /// A running worker. Stop it with [`Worker::shutdown`].
 pub struct Worker {
-    shared: Arc<Shared>,
+    shared: Arc<WorkerState>,
     receive: JoinHandle<()>,
     settle: JoinHandle<()>,
     heartbeat: JoinHandle<()>,

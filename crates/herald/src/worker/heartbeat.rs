@@ -4,13 +4,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::telemetry::RunEvent;
-use super::{RunEntry, Shared};
+use super::{RunEntry, WorkerState};
 use crate::model::Millis;
 use crate::store::LeaseRef;
 
 /// Every `lease / 3`: renew all leases in one call, extend their
 /// notifications' deadlines, and cancel the runs whose lease is gone.
-pub(super) async fn heartbeat_loop(shared: Arc<Shared>) {
+pub(super) async fn heartbeat_loop(shared: Arc<WorkerState>) {
     let every = shared.config.lease / 3;
     loop {
         tokio::select! {
@@ -21,7 +21,7 @@ pub(super) async fn heartbeat_loop(shared: Arc<Shared>) {
     }
 }
 
-async fn beat(shared: &Shared) {
+async fn beat(shared: &WorkerState) {
     let held: Vec<LeaseRef> = shared
         .runs
         .lock()
@@ -79,7 +79,7 @@ async fn beat(shared: &Shared) {
     }
 }
 
-fn lose(shared: &Shared, lease: &LeaseRef, run: &RunEntry) {
+fn lose(shared: &WorkerState, lease: &LeaseRef, run: &RunEntry) {
     // A run that already ended is settled by the fence, not cancelled: a
     // failed renewal may only mean its settle landed first.
     if run.ended.load(Ordering::Acquire) {

@@ -61,7 +61,7 @@ pub(crate) struct RunEntry {
 }
 
 /// State shared by a worker's tasks.
-pub(crate) struct Shared {
+pub(crate) struct WorkerState {
     store: Arc<dyn Store>,
     queue: Arc<dyn Queue>,
     handlers: HashMap<String, Arc<dyn Handler>>,
@@ -79,7 +79,7 @@ pub(crate) struct Shared {
     config: WorkerConfig,
 }
 
-impl Shared {
+impl WorkerState {
     fn jitter() -> f64 {
         rand::random::<f64>()
     }

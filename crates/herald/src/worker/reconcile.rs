@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::telemetry::RunEvent;
-use super::Shared;
+use super::WorkerState;
 use crate::model::Millis;
 use crate::queue::Publish;
 
@@ -16,7 +16,7 @@ const PAGE: usize = 1000;
 /// The shortest wait between two passes, and a follower's jitter.
 const MIN_PASS: Duration = Duration::from_millis(20);
 
-pub(super) async fn reconcile_loop(shared: Arc<Shared>) {
+pub(super) async fn reconcile_loop(shared: Arc<WorkerState>) {
     let cfg = &shared.config;
     // The leader lease is an event lease, renewed on the heartbeat's beat:
     // when a leader dies, its lease lapses when its events' leases do, and a
@@ -50,7 +50,7 @@ pub(super) async fn reconcile_loop(shared: Arc<Shared>) {
                 } else {
                     // Ask again as the holder's lease lapses; the jitter keeps
                     // followers from asking all in the same millisecond.
-                    let jitter = MIN_PASS.mul_f64(Shared::jitter());
+                    let jitter = MIN_PASS.mul_f64(WorkerState::jitter());
                     every.min(l.left + jitter)
                 }
             }
@@ -73,7 +73,7 @@ pub(super) async fn reconcile_loop(shared: Arc<Shared>) {
 }
 
 /// Pages through the sweep until it is complete. Returns false if it stopped early.
-async fn sweep(shared: &Shared, quiet: Duration) -> bool {
+async fn sweep(shared: &WorkerState, quiet: Duration) -> bool {
     let mut pass = None;
     loop {
         if shared.stop_background.is_cancelled() {
@@ -108,7 +108,7 @@ async fn sweep(shared: &Shared, quiet: Duration) -> bool {
     }
 }
 
-async fn purge(shared: &Shared) {
+async fn purge(shared: &WorkerState) {
     let now = Millis::now();
     let dead_before = now.minus(shared.config.dead_retention);
     let done_before = now.minus(shared.config.done_retention.unwrap_or(Duration::ZERO));

@@ -10,7 +10,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 use super::settle::Ended;
 use super::telemetry::RunEvent;
-use super::{RunEntry, Shared};
+use super::{RunEntry, WorkerState};
 use crate::decision::{Claimed, RunEnd};
 use crate::handler::{Context, Outcome};
 use crate::model::{Event, LeaseToken, Millis};
@@ -20,7 +20,7 @@ use crate::store::LeaseRef;
 /// Registers the lease with the heartbeat and spawns the handler. The slot is
 /// freed when the handler returns; the lease is renewed until the run is settled.
 pub(super) fn start(
-    shared: &Arc<Shared>,
+    shared: &Arc<WorkerState>,
     event: Event,
     token: LeaseToken,
     tag: DeliveryTag,

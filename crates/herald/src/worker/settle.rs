@@ -7,7 +7,7 @@ use tokio::sync::mpsc;
 
 use super::admission::{written, Answers};
 use super::telemetry::{Instruments, RunEvent};
-use super::Shared;
+use super::WorkerState;
 use crate::decision::{self, Claimed, Plan, RunEnd, RunSettled, Tally, Write};
 use crate::queue::DeliveryTag;
 use crate::store::{Finish, Settle};
@@ -28,7 +28,10 @@ const MAX_BATCH: usize = 1024;
 
 /// Settles ended runs as they come, batching whatever has queued up while
 /// the previous batch was written. Returns when every sender is gone.
-pub(super) async fn settle_loop(shared: Arc<Shared>, mut ended: mpsc::UnboundedReceiver<Ended>) {
+pub(super) async fn settle_loop(
+    shared: Arc<WorkerState>,
+    mut ended: mpsc::UnboundedReceiver<Ended>,
+) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while ended.recv_many(&mut batch, MAX_BATCH).await > 0 {
         settle_batch(&shared, std::mem::take(&mut batch)).await;
@@ -60,12 +63,12 @@ fn log_failure(e: &Ended, write: &Write) {
     }
 }
 
-async fn settle_batch(shared: &Shared, batch: Vec<Ended>) {
+async fn settle_batch(shared: &WorkerState, batch: Vec<Ended>) {
     let policy = shared.config.policy;
     let mut answers = Answers::default();
     let mut writes = Vec::with_capacity(batch.len());
     for e in &batch {
-        match decision::settle(e.claimed, e.end.clone(), &policy, Shared::jitter()) {
+        match decision::settle(e.claimed, e.end.clone(), &policy, WorkerState::jitter()) {
             Plan::Answer(answer) => {
                 tracing::warn!(event = %e.claimed.lease.id, "lease lost while running: handler cancelled, nothing written");
                 answers.add(shared, e.tag.clone(), answer, Some(&e.instruments));

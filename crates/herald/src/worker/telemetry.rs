@@ -1,6 +1,6 @@
 //! The one place where what a worker does becomes metrics, stats and observer calls.
 //!
-//! The worker's tasks report [`RunEvent`]s to [`Shared::record`]; nothing else
+//! The worker's tasks report [`RunEvent`]s to [`WorkerState::record`]; nothing else
 //! touches a counter. The runtime reports through the [`metrics`] facade (a
 //! no-op until the application installs a recorder), per handler name:
 //!
@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram};
 
-use super::{Shared, WorkerStats};
+use super::{WorkerState, WorkerStats};
 use crate::decision::{RunSettled, Tally};
 
 /// One handler's metric handles, registered once when the worker starts.
@@ -94,7 +94,7 @@ pub(super) enum RunEvent<'a> {
     Swept,
 }
 
-impl Shared {
+impl WorkerState {
     /// Turns a run event into its metrics, stats and observer calls.
     pub(super) fn record(&self, event: RunEvent<'_>) {
         let stats = &self.stats;

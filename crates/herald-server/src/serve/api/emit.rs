@@ -8,7 +8,7 @@ use herald::{ClientError, EmitOptions, EmitRequest, Emitted, EventId};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use super::Shared;
+use super::ApiState;
 use crate::config::parse_duration;
 use crate::serve::auth::Caller;
 use crate::serve::error::{ApiError, JsonBody};
@@ -72,7 +72,7 @@ impl From<Emitted> for EmitResult {
 }
 
 pub(super) async fn emit(
-    State(s): Shared,
+    State(s): ApiState,
     caller: Caller,
     JsonBody(body): JsonBody<EmitBody>,
 ) -> Result<Response, ApiError> {
@@ -89,7 +89,7 @@ pub(super) async fn emit(
 }
 
 pub(super) async fn emit_batch(
-    State(s): Shared,
+    State(s): ApiState,
     caller: Caller,
     JsonBody(body): JsonBody<BatchBody>,
 ) -> Result<Response, ApiError> {

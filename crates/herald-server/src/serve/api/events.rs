@@ -10,7 +10,7 @@ use herald::{Event, EventId, EventState, Millis};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use super::{AppState, Shared, DEFAULT_LIMIT, MAX_LIMIT};
+use super::{ApiState, AppState, DEFAULT_LIMIT, MAX_LIMIT};
 use crate::serve::auth::Caller;
 use crate::serve::error::{ApiError, PathParams, QueryParams};
 
@@ -90,7 +90,7 @@ pub(super) struct ListParams {
 }
 
 pub(super) async fn list_events(
-    State(s): Shared,
+    State(s): ApiState,
     caller: Caller,
     QueryParams(q): QueryParams<ListParams>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
@@ -170,7 +170,7 @@ async fn visible_event(s: &AppState, caller: &Caller, id: EventId) -> Result<Eve
 }
 
 pub(super) async fn show_event(
-    State(s): Shared,
+    State(s): ApiState,
     caller: Caller,
     PathParams(id): PathParams<String>,
 ) -> Result<Json<EventView>, ApiError> {
@@ -191,7 +191,7 @@ pub(super) async fn show_event(
 }
 
 pub(super) async fn retry_event(
-    State(s): Shared,
+    State(s): ApiState,
     caller: Caller,
     PathParams(id): PathParams<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
@@ -221,7 +221,7 @@ fn not_dead(e: &Event) -> ApiError {
 }
 
 pub(super) async fn delete_event(
-    State(s): Shared,
+    State(s): ApiState,
     caller: Caller,
     PathParams(id): PathParams<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {

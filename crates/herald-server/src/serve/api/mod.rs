@@ -52,7 +52,7 @@ pub struct AppState {
     pub handlers: Vec<String>,
 }
 
-type Shared = State<Arc<AppState>>;
+type ApiState = State<Arc<AppState>>;
 
 /// A router under construction that remembers every `(method, path)` it was given.
 pub struct Routes {

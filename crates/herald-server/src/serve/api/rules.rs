@@ -5,7 +5,7 @@ use axum::Json;
 use herald::RuleMatch;
 use serde::Serialize;
 
-use super::Shared;
+use super::ApiState;
 use crate::serve::auth::Caller;
 use crate::serve::error::{ApiError, PathParams};
 
@@ -39,7 +39,7 @@ fn release(r: herald::Release) -> Json<serde_json::Value> {
 }
 
 pub(super) async fn pause(
-    State(s): Shared,
+    State(s): ApiState,
     caller: Caller,
     PathParams((tenant, handler)): PathParams<(String, String)>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
@@ -50,7 +50,7 @@ pub(super) async fn pause(
 }
 
 pub(super) async fn unpause(
-    State(s): Shared,
+    State(s): ApiState,
     caller: Caller,
     PathParams((tenant, handler)): PathParams<(String, String)>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
@@ -60,7 +60,7 @@ pub(super) async fn unpause(
 }
 
 pub(super) async fn block(
-    State(s): Shared,
+    State(s): ApiState,
     caller: Caller,
     PathParams((tenant, handler)): PathParams<(String, String)>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
@@ -71,7 +71,7 @@ pub(super) async fn block(
 }
 
 pub(super) async fn unblock(
-    State(s): Shared,
+    State(s): ApiState,
     caller: Caller,
     PathParams((tenant, handler)): PathParams<(String, String)>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
@@ -81,7 +81,7 @@ pub(super) async fn unblock(
 }
 
 pub(super) async fn rules(
-    State(s): Shared,
+    State(s): ApiState,
     caller: Caller,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let mut rules = s.client.rules().await?;

@@ -9,7 +9,7 @@ use axum::Json;
 use herald::{EventState, RuleMatch};
 use serde::{Deserialize, Serialize};
 
-use super::{Shared, OPENAPI};
+use super::{ApiState, OPENAPI};
 use crate::serve::auth::Caller;
 use crate::serve::error::{ApiError, QueryParams};
 use crate::serve::recent::RecentStats;
@@ -53,7 +53,7 @@ pub(super) struct StatsParams {
 }
 
 pub(super) async fn stats(
-    State(s): Shared,
+    State(s): ApiState,
     caller: Caller,
     QueryParams(q): QueryParams<StatsParams>,
 ) -> Result<Json<StatsView>, ApiError> {
@@ -119,7 +119,7 @@ pub(super) async fn stats(
     }))
 }
 
-pub(super) async fn metrics(State(s): Shared) -> Response {
+pub(super) async fn metrics(State(s): ApiState) -> Response {
     (
         [(
             header::CONTENT_TYPE,
