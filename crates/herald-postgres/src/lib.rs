@@ -138,7 +138,8 @@ impl PgStore {
 
     /// Connects with explicit pool and connection options, using `schema`
     /// for herald's tables. Checks the schema like [`PgStore::connect`].
-    /// The connections get [`tune`]'s settings.
+    /// herald sets nothing on the connections (the statements carry their
+    /// own planner settings).
     pub async fn connect_with(
         pool: PgPoolOptions,
         options: PgConnectOptions,
@@ -216,8 +217,8 @@ impl PgStore {
     }
 
     /// Stores events inside the caller's transaction (or on any connection):
-    /// the same as [`Store::emit`], but nothing is visible, and nothing will
-    /// run, unless the caller commits. After the commit, publish with
+    /// the same as [`Store::emit`](herald::Store::emit), but nothing is
+    /// visible, and nothing will run, unless the caller commits. After the commit, publish with
     /// [`herald::Client::notify_emitted`]; if that never happens (a crash
     /// in between), the reconciler notifies them after its quiet period.
     ///
