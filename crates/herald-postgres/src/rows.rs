@@ -1,5 +1,7 @@
 //! Conversions between herald's types and PostgreSQL rows.
 
+use std::time::Duration;
+
 use herald::{Event, EventId, EventState, Lease, LeaseToken, Millis, StoreError};
 use sqlx::postgres::PgRow;
 use sqlx::Row;
@@ -80,6 +82,9 @@ impl From<DbError> for StoreError {
     }
 }
 
+/// Results inside the store.
+pub(crate) type DbResult<T> = Result<T, DbError>;
+
 /// `.ctx("op")` on sqlx results.
 pub(crate) trait Ctx<T> {
     fn ctx(self, op: &'static str) -> Result<T, DbError>;
@@ -148,6 +153,29 @@ pub(crate) fn event(row: &PgRow, at: usize) -> Result<Option<Event>, sqlx::Error
 /// Reads an event that must be there.
 pub(crate) fn event_row(row: &PgRow) -> Result<Event, sqlx::Error> {
     event(row, 0)?.ok_or_else(|| bad(0, "the event id is NULL".into()))
+}
+
+/// A `Duration` in milliseconds for SQL, capped at a century so that adding
+/// it to a time can neither overflow nor reach the parked mark.
+pub(crate) fn ms(d: Duration) -> i64 {
+    const CENTURY_MS: u128 = 100 * 365 * 24 * 3600 * 1000;
+    d.as_millis().min(CENTURY_MS) as i64
+}
+
+/// A limit as an SQL `bigint`.
+pub(crate) fn limit_i64(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
+}
+
+/// Event ids as UUIDs, to bind as an array.
+pub(crate) fn uuids(ids: &[EventId]) -> Vec<Uuid> {
+    ids.iter().map(|id| id.0).collect()
+}
+
+/// `max_attempts` as stored (an `integer`): values beyond `i32::MAX` are
+/// stored as `i32::MAX`, which is as good as unlimited.
+pub(crate) fn max_attempts(n: u32) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
 }
 
 #[cfg(test)]

@@ -1,7 +1,14 @@
 //! The writer thread's group commit: one transaction per group; when a job
 //! fails, the group runs again with one savepoint per job.
 
-use super::*;
+use std::time::Duration;
+
+use herald::store::StoreResult;
+use herald::{Millis, StoreError};
+use rusqlite::Connection;
+
+use crate::rows::Ctx;
+use crate::SqliteStore;
 
 fn store() -> (tempfile::TempDir, SqliteStore) {
     let dir = tempfile::tempdir().unwrap();

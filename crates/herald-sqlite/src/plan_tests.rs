@@ -2,7 +2,19 @@
 //! primary key, the rest walk the index meant for them; no scan of `events`
 //! except counts() (a covering index scan, by design).
 
-use super::*;
+use std::rc::Rc;
+
+use rusqlite::types::Value;
+use rusqlite::vtab::array::Array;
+use rusqlite::Connection;
+
+use crate::admin::PURGE_SQL;
+use crate::claim::{CLAIM_BATCH_SQL, CLAIM_ONE_SQL, HANDLER_OF_SQL};
+use crate::emit::EXISTING_KEY_SQL;
+use crate::rules::RENOTIFY_SQL;
+use crate::schema;
+use crate::settle::{SETTLE_ARCHIVE_SQL, SETTLE_BURY_SQL, SETTLE_DELETE_SQL, SETTLE_RELEASE_SQL};
+use crate::sweep::{SWEEP_EXPIRED_SQL, SWEEP_QUIET_SQL, UNPARK_SQL};
 
 /// `EXPLAIN QUERY PLAN`'s detail lines, with rarray parameters bound.
 pub(crate) fn plan(conn: &Connection, sql: &str) -> String {

@@ -46,6 +46,27 @@ fn u32_at(row: &Row<'_>, idx: usize) -> rusqlite::Result<u32> {
     u32::try_from(v).map_err(|_| bad(idx, Type::Integer, format!("{v} is out of range")))
 }
 
+/// An id as its BLOB.
+pub(crate) fn blob(id: EventId) -> [u8; 16] {
+    *id.0.as_bytes()
+}
+
+/// A lease token as its BLOB.
+pub(crate) fn token_blob(token: LeaseToken) -> [u8; 16] {
+    *token.0.as_bytes()
+}
+
+/// The keyset cursor as a BLOB; with no cursor a zero-length BLOB, which
+/// sorts before every 16-byte id.
+pub(crate) fn after_blob(after: Option<EventId>) -> Vec<u8> {
+    after.map(|a| blob(a).to_vec()).unwrap_or_default()
+}
+
+/// A limit as an SQL integer.
+pub(crate) fn sql_limit(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
+}
+
 /// Reads an id column.
 pub(crate) fn event_id(row: &Row<'_>, idx: usize) -> rusqlite::Result<EventId> {
     uuid_at(row, idx).map(EventId)

@@ -1,0 +1,284 @@
+//! Storing new events: one insert per batch, look-ups for the idempotency
+//! keys that conflicted, and the tries again after a lost connection.
+
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use herald::store::StoreResult;
+use herald::{Emitted, EventId, NewEvent, StoreError};
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::retry::rand_millis;
+use crate::rows::{max_attempts, Ctx, DbResult};
+use crate::PgStore;
+
+/// Tries of an emit whose connection was lost, and the pause before the
+/// second: it doubles after each try (100, 200, 400, 800, 1600 ms, each
+/// ±25%), about 3.1 s in all before [`StoreError::Unavailable`].
+/// docs/postgres.md documents it.
+pub const EMIT_TRIES: u32 = 6;
+/// The pause after an emit's first lost connection; see [`EMIT_TRIES`].
+pub const EMIT_FIRST_PAUSE: Duration = Duration::from_millis(100);
+
+/// The pause before try `tries + 1` of an emit (`tries` from 1), with
+/// `jitter` in `[0, 1)` spreading it over ±25%.
+fn emit_pause(tries: u32, jitter: f64) -> Duration {
+    let base = EMIT_FIRST_PAUSE * 2u32.pow(tries.saturating_sub(1).min(16));
+    base.mul_f64(0.75 + 0.5 * jitter.clamp(0.0, 1.0))
+}
+
+/// What a retried emit returns: an event found under its own id was
+/// stored by an earlier try of this same call (its ids are fresh), so it
+/// counts as created, and its notification is published. A repeat of an
+/// older emit would be notified twice, which is harmless.
+fn after_retry(events: &[NewEvent], emitted: Vec<Emitted>) -> Vec<Emitted> {
+    events
+        .iter()
+        .zip(emitted)
+        .map(|(e, out)| match out {
+            Emitted::Existing(id) if id == e.id => Emitted::Created(id),
+            other => other,
+        })
+        .collect()
+}
+
+impl PgStore {
+    /// Inserts a batch on one connection: one statement, plus look-ups for
+    /// the keyed events that conflicted.
+    pub(crate) async fn emit_on(
+        &self,
+        conn: &mut PgConnection,
+        events: &[NewEvent],
+    ) -> DbResult<Vec<Emitted>> {
+        const OP: &str = "emit";
+        let mut out: Vec<Option<Emitted>> = vec![None; events.len()];
+        // Repeats within the batch take the first one's result.
+        let mut first_of_id: HashMap<EventId, usize> = HashMap::new();
+        let mut first_of_key: HashMap<(&str, &str, &str), usize> = HashMap::new();
+        let mut repeats: Vec<(usize, usize)> = Vec::new();
+        let mut todo: Vec<usize> = Vec::with_capacity(events.len());
+        for (i, e) in events.iter().enumerate() {
+            if let Some(&j) = first_of_id.get(&e.id) {
+                repeats.push((i, j));
+                continue;
+            }
+            if let Some(key) = &e.idempotency_key {
+                match first_of_key.entry((&e.tenant, &e.handler, key)) {
+                    Entry::Occupied(o) => {
+                        repeats.push((i, *o.get()));
+                        continue;
+                    }
+                    Entry::Vacant(v) => {
+                        v.insert(i);
+                    }
+                }
+            }
+            first_of_id.insert(e.id, i);
+            todo.push(i);
+        }
+        // An idempotent hit can race with the live event's end (deleted
+        // between our conflict and our look-up): try again, a few times.
+        for _round in 0..5 {
+            if todo.is_empty() {
+                break;
+            }
+            let batch: Vec<&NewEvent> = todo.iter().map(|&i| &events[i]).collect();
+            let inserted: HashSet<Uuid> = sqlx::query_scalar::<_, Uuid>(&self.sql.emit)
+                .bind(batch.iter().map(|e| e.id.0).collect::<Vec<_>>())
+                .bind(batch.iter().map(|e| e.tenant.as_str()).collect::<Vec<_>>())
+                .bind(batch.iter().map(|e| e.handler.as_str()).collect::<Vec<_>>())
+                .bind(batch.iter().map(|e| e.payload.as_str()).collect::<Vec<_>>())
+                .bind(batch.iter().map(|e| e.run_at.0).collect::<Vec<_>>())
+                .bind(
+                    batch
+                        .iter()
+                        .map(|e| max_attempts(e.max_attempts))
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    batch
+                        .iter()
+                        .map(|e| e.idempotency_key.as_deref())
+                        .collect::<Vec<_>>(),
+                )
+                .fetch_all(&mut *conn)
+                .await
+                .ctx(OP)?
+                .into_iter()
+                .collect();
+            let mut keyed = Vec::new();
+            for &i in &todo {
+                let e = &events[i];
+                if inserted.contains(&e.id.0) {
+                    out[i] = Some(Emitted::Created(e.id));
+                } else if e.idempotency_key.is_some() {
+                    keyed.push(i);
+                } else {
+                    // Only the primary key can conflict: a retried emit
+                    // whose first try committed.
+                    out[i] = Some(Emitted::Existing(e.id));
+                }
+            }
+            todo.clear();
+            if keyed.is_empty() {
+                break;
+            }
+            let rows: Vec<(i32, Uuid)> = sqlx::query_as(&self.sql.existing_keys)
+                .bind(
+                    keyed
+                        .iter()
+                        .map(|&i| events[i].tenant.as_str())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    keyed
+                        .iter()
+                        .map(|&i| events[i].handler.as_str())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    keyed
+                        .iter()
+                        .map(|&i| events[i].idempotency_key.as_deref().unwrap_or_default())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(keyed.iter().map(|&i| i as i32).collect::<Vec<_>>())
+                .fetch_all(&mut *conn)
+                .await
+                .ctx(OP)?;
+            for (i, id) in rows {
+                out[i as usize] = Some(Emitted::Existing(EventId(id)));
+            }
+            let unresolved: Vec<usize> = keyed.into_iter().filter(|&i| out[i].is_none()).collect();
+            if unresolved.is_empty() {
+                break;
+            }
+            // No live event holds the key: the conflict was on the id (the
+            // same event emitted again), or the live one just ended.
+            let ids: Vec<Uuid> = unresolved.iter().map(|&i| events[i].id.0).collect();
+            let stored: HashSet<Uuid> = sqlx::query_scalar::<_, Uuid>(&self.sql.existing_ids)
+                .bind(&ids)
+                .fetch_all(&mut *conn)
+                .await
+                .ctx(OP)?
+                .into_iter()
+                .collect();
+            for i in unresolved {
+                if stored.contains(&events[i].id.0) {
+                    out[i] = Some(Emitted::Existing(events[i].id));
+                } else {
+                    todo.push(i);
+                }
+            }
+        }
+        if !todo.is_empty() {
+            return Err(StoreError::backend(
+                OP,
+                format!(
+                    "{} event(s) kept conflicting on their idempotency keys; try again",
+                    todo.len()
+                ),
+            )
+            .into());
+        }
+        for (i, j) in repeats {
+            let first = out[j].expect("the first of a repeat is resolved");
+            out[i] = Some(Emitted::Existing(first.id()));
+        }
+        Ok(out
+            .into_iter()
+            .map(|e| e.expect("every event is resolved"))
+            .collect())
+    }
+
+    /// [`herald::Store::emit`] once: a single statement when no event has a key,
+    /// otherwise a transaction (the look-ups follow the insert, and a
+    /// failure must store nothing).
+    pub(crate) async fn emit_once(&self, events: &[NewEvent]) -> DbResult<Vec<Emitted>> {
+        if events.iter().all(|e| e.idempotency_key.is_none()) {
+            let mut conn = self.pool.acquire().await.ctx("emit")?;
+            return self.emit_on(&mut conn, events).await;
+        }
+        let mut tx = self.pool.begin().await.ctx("emit")?;
+        let out = self.emit_on(&mut tx, events).await?;
+        tx.commit().await.ctx("emit")?;
+        Ok(out)
+    }
+
+    /// [`herald::Store::emit`]: tries again on a transient failure (as [`crate::retry::retry`])
+    /// and on a lost connection ([`EMIT_TRIES`], with growing pauses), which
+    /// is safe because the insert does nothing for ids that exist.
+    pub(crate) async fn emit_retrying(&self, events: &[NewEvent]) -> StoreResult<Vec<Emitted>> {
+        let mut transient = 1;
+        let mut lost = 1;
+        loop {
+            match self.emit_once(events).await {
+                Ok(out) if lost > 1 => return Ok(after_retry(events, out)),
+                Ok(out) => return Ok(out),
+                Err(e) if e.transient() && transient < 4 => {
+                    tracing::debug!(error = %e, tries = transient, "herald-postgres: transient failure, trying again");
+                    transient += 1;
+                    tokio::time::sleep(Duration::from_millis(rand_millis(5 * transient as u64)))
+                        .await;
+                }
+                Err(e) if e.connection_lost() && lost < EMIT_TRIES => {
+                    let pause = emit_pause(lost, rand_millis(1000) as f64 / 1000.0);
+                    tracing::warn!(error = %e, tries = lost, ?pause, events = events.len(), "herald-postgres: emit lost its connection, trying again");
+                    lost += 1;
+                    tokio::time::sleep(pause).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use herald::Millis;
+
+    use super::*;
+
+    #[test]
+    fn emit_pauses_double_from_100_ms_to_1600_ms_within_a_quarter() {
+        let mids: Vec<u128> = (1..EMIT_TRIES)
+            .map(|t| emit_pause(t, 0.5).as_millis())
+            .collect();
+        assert_eq!(mids, [100, 200, 400, 800, 1600]);
+        assert_eq!(emit_pause(1, 0.0), Duration::from_millis(75));
+        assert_eq!(emit_pause(5, 1.0), Duration::from_millis(2000));
+    }
+
+    #[test]
+    fn after_a_retry_an_event_found_under_its_own_id_counts_as_created() {
+        let e = |key: Option<&str>| NewEvent {
+            id: EventId::new(),
+            tenant: "t".into(),
+            handler: "h".into(),
+            payload: "1".into(),
+            run_at: Millis(0),
+            max_attempts: 1,
+            idempotency_key: key.map(str::to_string),
+        };
+        let events = [e(None), e(Some("k")), e(None)];
+        let other = EventId::new();
+        let out = after_retry(
+            &events,
+            vec![
+                Emitted::Existing(events[0].id),
+                Emitted::Existing(other),
+                Emitted::Created(events[2].id),
+            ],
+        );
+        assert_eq!(
+            out,
+            [
+                Emitted::Created(events[0].id),
+                Emitted::Existing(other),
+                Emitted::Created(events[2].id)
+            ]
+        );
+    }
+}

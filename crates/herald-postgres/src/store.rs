@@ -1,0 +1,173 @@
+//! [`Store`] for [`PgStore`]: each method's guards and retries around one
+//! try, done by the module of its role.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use herald::store::{
+    CountsQuery, EventFilter, HandlerCounts, Inspection, LeaseRef, Scheduled, Settle, StoreResult,
+    SweepPage, SweepPass,
+};
+use herald::{
+    AttemptError, Emitted, Event, EventId, Leadership, LeaseToken, Millis, NewEvent, Rule,
+    RuleMatch, Store,
+};
+
+use crate::retry::retry;
+use crate::rows::uuids;
+use crate::sql::SettleKind;
+use crate::PgStore;
+
+#[async_trait]
+impl Store for PgStore {
+    async fn emit(&self, events: &[NewEvent]) -> StoreResult<Vec<Emitted>> {
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.emit_retrying(events).await
+    }
+
+    async fn claim(
+        &self,
+        ids: &[EventId],
+        handlers: &[String],
+        token: LeaseToken,
+        lease: Duration,
+    ) -> StoreResult<Vec<Event>> {
+        if ids.is_empty() || handlers.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut ids = uuids(ids);
+        ids.sort_unstable();
+        ids.dedup();
+        retry("claim", || self.claim_once(&ids, handlers, token, lease)).await
+    }
+
+    async fn inspect(&self, ids: &[EventId]) -> StoreResult<Inspection> {
+        let ids = uuids(ids);
+        retry("inspect", || self.inspect_once(&ids)).await
+    }
+
+    async fn settle(&self, batch: &[Settle]) -> StoreResult<Vec<bool>> {
+        let mut held = vec![false; batch.len()];
+        // One statement per kind, each item at its batch position; rows are
+        // taken in id order, as claims take them.
+        for kind in SettleKind::ALL {
+            let mut items: Vec<usize> = (0..batch.len())
+                .filter(|&i| SettleKind::of(&batch[i].finish) == kind)
+                .collect();
+            if items.is_empty() {
+                continue;
+            }
+            items.sort_by_key(|&i| batch[i].id);
+            let items = &*items;
+            for i in retry("settle", || self.settle_kind(kind, batch, items)).await? {
+                held[i] = true;
+            }
+        }
+        Ok(held)
+    }
+
+    async fn renew(&self, leases: &[LeaseRef], lease: Duration) -> StoreResult<Vec<bool>> {
+        let mut held = vec![false; leases.len()];
+        if leases.is_empty() {
+            return Ok(held);
+        }
+        let mut order: Vec<usize> = (0..leases.len()).collect();
+        order.sort_by_key(|&i| leases[i].id);
+        for i in retry("renew", || self.renew_once(leases, &order, lease)).await? {
+            held[i] = true;
+        }
+        Ok(held)
+    }
+
+    async fn add_rule(&self, rule: &Rule) -> StoreResult<bool> {
+        retry("add_rule", || self.add_rule_once(rule)).await
+    }
+
+    async fn remove_rule(&self, rule: &Rule) -> StoreResult<bool> {
+        retry("remove_rule", || self.remove_rule_once(rule)).await
+    }
+
+    async fn rules_for(&self, tenant: &str, handler: &str) -> StoreResult<RuleMatch> {
+        self.rules_for_once(tenant, handler).await
+    }
+
+    async fn rules(&self) -> StoreResult<Vec<Rule>> {
+        self.rules_once().await
+    }
+
+    async fn renotify_page(
+        &self,
+        tenant: &str,
+        handler: &str,
+        after: Option<EventId>,
+        limit: usize,
+    ) -> StoreResult<Vec<Scheduled>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        retry("renotify_page", || {
+            self.renotify_once(tenant, handler, after, limit)
+        })
+        .await
+    }
+
+    async fn sweep(
+        &self,
+        quiet: Duration,
+        pass: Option<SweepPass>,
+        limit: usize,
+    ) -> StoreResult<SweepPage> {
+        retry("sweep", || self.sweep_once(quiet, pass, limit)).await
+    }
+
+    async fn lead(&self, role: &str, holder: &str, lease: Duration) -> StoreResult<Leadership> {
+        retry("lead", || self.lead_once(role, holder, lease)).await
+    }
+
+    async fn resign(&self, role: &str, holder: &str) -> StoreResult<()> {
+        retry("resign", || self.resign_once(role, holder))
+            .await
+            .map(|_| ())
+    }
+
+    async fn purge(
+        &self,
+        dead_before: Millis,
+        done_before: Millis,
+        limit: usize,
+    ) -> StoreResult<u64> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        retry("purge", || self.purge_once(dead_before, done_before, limit)).await
+    }
+
+    async fn get(&self, id: EventId) -> StoreResult<Option<Event>> {
+        self.get_once(id).await
+    }
+
+    async fn history(&self, id: EventId) -> StoreResult<Vec<AttemptError>> {
+        self.history_once(id).await
+    }
+
+    async fn list(&self, filter: &EventFilter, limit: usize) -> StoreResult<Vec<Event>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        Ok(self.list_once(filter, limit).await?)
+    }
+
+    async fn counts(&self, query: &CountsQuery) -> StoreResult<Vec<HandlerCounts>> {
+        self.counts_once(query).await
+    }
+
+    async fn revive(&self, id: EventId) -> StoreResult<Option<Scheduled>> {
+        retry("revive", || self.revive_once(id)).await
+    }
+
+    async fn delete(&self, id: EventId) -> StoreResult<bool> {
+        retry("delete", || self.delete_once(id)).await
+    }
+}

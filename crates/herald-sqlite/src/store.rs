@@ -1,0 +1,198 @@
+//! [`Store`] for [`SqliteStore`]: each method's guards, and its work sent
+//! to the writer thread, done by the module of its role.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use herald::store::{
+    CountsQuery, EventFilter, HandlerCounts, Inspection, LeaseRef, Scheduled, Settle, StoreResult,
+    SweepPage, SweepPass,
+};
+use herald::{
+    AttemptError, Emitted, Event, EventId, Leadership, LeaseToken, Millis, NewEvent, Rule,
+    RuleMatch, Store,
+};
+use rusqlite::types::Value;
+
+use crate::rows::blob;
+use crate::{admin, claim, emit, leaders, reads, rules, settle, sweep, SqliteStore};
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn emit(&self, events: &[NewEvent]) -> StoreResult<Vec<Emitted>> {
+        let events = events.to_vec();
+        self.call("emit", move |conn, now| emit::emit(conn, now, &events))
+            .await
+    }
+
+    async fn claim(
+        &self,
+        ids: &[EventId],
+        handlers: &[String],
+        token: LeaseToken,
+        lease: Duration,
+    ) -> StoreResult<Vec<Event>> {
+        if ids.is_empty() || handlers.is_empty() {
+            return Ok(Vec::new());
+        }
+        if ids.len() > claim::CLAIM_ONE_BY_ONE {
+            let ids: Vec<Value> = ids
+                .iter()
+                .map(|&id| Value::Blob(blob(id).to_vec()))
+                .collect();
+            let handlers: Vec<Value> = handlers.iter().cloned().map(Value::Text).collect();
+            return self
+                .call("claim", move |conn, now| {
+                    claim::batch(conn, now, &ids, &handlers, token, lease)
+                })
+                .await;
+        }
+        let ids: Vec<[u8; 16]> = ids.iter().map(|&id| blob(id)).collect();
+        let handlers: HashSet<String> = handlers.iter().cloned().collect();
+        self.call("claim", move |conn, now| {
+            claim::one_by_one(conn, now, &ids, &handlers, token, lease)
+        })
+        .await
+    }
+
+    async fn inspect(&self, ids: &[EventId]) -> StoreResult<Inspection> {
+        let ids = ids.to_vec();
+        self.call("inspect", move |conn, now| claim::inspect(conn, now, &ids))
+            .await
+    }
+
+    async fn settle(&self, batch: &[Settle]) -> StoreResult<Vec<bool>> {
+        let batch = batch.to_vec();
+        self.call("settle", move |conn, now| settle::settle(conn, now, &batch))
+            .await
+    }
+
+    async fn renew(&self, leases: &[LeaseRef], lease: Duration) -> StoreResult<Vec<bool>> {
+        let leases = leases.to_vec();
+        self.call("renew", move |conn, now| {
+            settle::renew(conn, now, &leases, lease)
+        })
+        .await
+    }
+
+    async fn add_rule(&self, rule: &Rule) -> StoreResult<bool> {
+        let rule = rule.clone();
+        self.call("add_rule", move |conn, now| rules::add(conn, now, &rule))
+            .await
+    }
+
+    async fn remove_rule(&self, rule: &Rule) -> StoreResult<bool> {
+        let rule = rule.clone();
+        self.call("remove_rule", move |conn, _| rules::remove(conn, &rule))
+            .await
+    }
+
+    async fn rules_for(&self, tenant: &str, handler: &str) -> StoreResult<RuleMatch> {
+        let (tenant, handler) = (tenant.to_string(), handler.to_string());
+        self.call("rules_for", move |conn, _| {
+            rules::rule_match(conn, "rules_for", &tenant, &handler)
+        })
+        .await
+    }
+
+    async fn rules(&self) -> StoreResult<Vec<Rule>> {
+        self.call("rules", move |conn, _| rules::all(conn)).await
+    }
+
+    async fn renotify_page(
+        &self,
+        tenant: &str,
+        handler: &str,
+        after: Option<EventId>,
+        limit: usize,
+    ) -> StoreResult<Vec<Scheduled>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let (tenant, handler) = (tenant.to_string(), handler.to_string());
+        self.call("renotify_page", move |conn, now| {
+            rules::renotify_page(conn, now, &tenant, &handler, after, limit)
+        })
+        .await
+    }
+
+    async fn sweep(
+        &self,
+        quiet: Duration,
+        pass: Option<SweepPass>,
+        limit: usize,
+    ) -> StoreResult<SweepPage> {
+        self.call("sweep", move |conn, now| {
+            sweep::page(conn, now, quiet, pass, limit)
+        })
+        .await
+    }
+
+    async fn lead(&self, role: &str, holder: &str, lease: Duration) -> StoreResult<Leadership> {
+        let (role, holder) = (role.to_string(), holder.to_string());
+        self.call("lead", move |conn, now| {
+            leaders::lead(conn, now, &role, &holder, lease)
+        })
+        .await
+    }
+
+    async fn resign(&self, role: &str, holder: &str) -> StoreResult<()> {
+        let (role, holder) = (role.to_string(), holder.to_string());
+        self.call("resign", move |conn, _| {
+            leaders::resign(conn, &role, &holder)
+        })
+        .await
+    }
+
+    async fn purge(
+        &self,
+        dead_before: Millis,
+        done_before: Millis,
+        limit: usize,
+    ) -> StoreResult<u64> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        self.call("purge", move |conn, _| {
+            admin::purge(conn, dead_before, done_before, limit)
+        })
+        .await
+    }
+
+    async fn get(&self, id: EventId) -> StoreResult<Option<Event>> {
+        self.call("get", move |conn, _| reads::get(conn, id)).await
+    }
+
+    async fn history(&self, id: EventId) -> StoreResult<Vec<AttemptError>> {
+        let text = self
+            .call("history", move |conn, _| reads::errors(conn, id))
+            .await?;
+        reads::attempt_errors(id, text)
+    }
+
+    async fn list(&self, filter: &EventFilter, limit: usize) -> StoreResult<Vec<Event>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let filter = filter.clone();
+        self.call("list", move |conn, _| reads::list(conn, &filter, limit))
+            .await
+    }
+
+    async fn counts(&self, query: &CountsQuery) -> StoreResult<Vec<HandlerCounts>> {
+        let query = query.clone();
+        self.call("counts", move |conn, now| reads::counts(conn, now, &query))
+            .await
+    }
+
+    async fn revive(&self, id: EventId) -> StoreResult<Option<Scheduled>> {
+        self.call("revive", move |conn, now| admin::revive(conn, now, id))
+            .await
+    }
+
+    async fn delete(&self, id: EventId) -> StoreResult<bool> {
+        self.call("delete", move |conn, now| admin::delete(conn, now, id))
+            .await
+    }
+}
