@@ -74,14 +74,18 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use clap::Parser;
-use herald::{Client, EmitOptions, EmitRequest, EventId, Millis, Queue};
+use herald::{Client, Millis};
 use herald_bench::fleet::{self, quantile, Scratch, Worker};
 use rand::Rng;
 use tokio::sync::watch;
+
+mod front;
+mod hook;
+
+use front::Front;
+use hook::{run, App, Log};
 
 #[derive(Parser)]
 struct Args {
@@ -157,71 +161,6 @@ enum Shape {
     Restart,
 }
 
-/// One run of an event: a webhook request.
-struct Run {
-    worker: String,
-    at: Instant,
-    token: String,
-}
-
-/// The runs of one event, in arrival order.
-struct Seen {
-    round: usize,
-    runs: Vec<Run>,
-}
-
-/// What the webhook server saw.
-#[derive(Default)]
-struct Log {
-    round: usize,
-    events: HashMap<String, Seen>,
-}
-
-struct App {
-    log: Mutex<Log>,
-    /// The last round whose held requests were released.
-    released: watch::Sender<usize>,
-}
-
-/// The webhook: a first run waits for its round's release, later runs are
-/// answered at once.
-async fn run(
-    State(app): State<Arc<App>>,
-    Path(worker): Path<String>,
-    headers: HeaderMap,
-) -> StatusCode {
-    let at = Instant::now();
-    let header = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_string()
-    };
-    let (first, round) = {
-        let mut log = app.log.lock().expect("log lock");
-        let round = log.round;
-        let seen = log
-            .events
-            .entry(header("herald-event-id"))
-            .or_insert_with(|| Seen {
-                round,
-                runs: Vec::new(),
-            });
-        seen.runs.push(Run {
-            worker,
-            at,
-            token: header("herald-lease-token"),
-        });
-        (seen.runs.len() == 1, seen.round)
-    };
-    if first {
-        let mut released = app.released.subscribe();
-        let _ = released.wait_for(|r| *r >= round).await;
-    }
-    StatusCode::OK
-}
-
 /// One rescued event.
 struct Rescue {
     round: usize,
@@ -249,105 +188,6 @@ async fn wait_for(limit: Duration, what: impl Fn() -> String, mut check: impl Fn
 
 fn secs(d: f64) -> String {
     format!("{d:.3}")
-}
-
-/// Where the events are emitted and looked up: through the library on
-/// PostgreSQL + NATS (fleet), or through the one worker's HTTP API
-/// (restart: the in-process queue is inside the worker).
-enum Front {
-    Library(Client, Arc<dyn Queue>),
-    Api(reqwest::Client, String),
-}
-
-impl Front {
-    async fn emit(&self, round: usize, n: usize) -> Vec<EventId> {
-        match self {
-            Front::Library(client, _) => {
-                let batch: Vec<EmitRequest> = (0..n)
-                    .map(|i| EmitRequest {
-                        tenant: "bench".into(),
-                        handler: "hold".into(),
-                        payload: format!(r#"{{"round":{round},"i":{i}}}"#),
-                        options: EmitOptions::default(),
-                    })
-                    .collect();
-                client
-                    .emit_batch(batch)
-                    .await
-                    .expect("emit")
-                    .into_iter()
-                    .map(|e| e.id())
-                    .collect()
-            }
-            Front::Api(http, base) => {
-                let events: Vec<serde_json::Value> = (0..n)
-                    .map(|i| {
-                        serde_json::json!({"tenant": "bench", "handler": "hold", "payload": {"round": round, "i": i}})
-                    })
-                    .collect();
-                let res = http
-                    .post(format!("{base}/v1/events/batch"))
-                    .json(&serde_json::json!({ "events": events }))
-                    .send()
-                    .await
-                    .expect("emit through the API");
-                assert_eq!(
-                    res.status(),
-                    201,
-                    "emit: {}",
-                    res.text().await.unwrap_or_default()
-                );
-                let body: serde_json::Value = res.json().await.expect("emit answer");
-                body["results"]
-                    .as_array()
-                    .expect("results")
-                    .iter()
-                    .map(|r| {
-                        r["id"]
-                            .as_str()
-                            .expect("an id")
-                            .parse()
-                            .expect("an event id")
-                    })
-                    .collect()
-            }
-        }
-    }
-
-    /// Whether the event is still stored.
-    async fn stored(&self, id: EventId) -> bool {
-        match self {
-            Front::Library(client, _) => client.get(id).await.expect("get").is_some(),
-            Front::Api(http, base) => {
-                let res = http
-                    .get(format!("{base}/v1/events/{id}"))
-                    .send()
-                    .await
-                    .expect("GET the event");
-                res.status() != 404
-            }
-        }
-    }
-
-    /// The lease's expiry (wall clock, ms) of each event, read now.
-    async fn lease_expiries(&self, ids: &[String]) -> HashMap<String, i64> {
-        let mut out = HashMap::new();
-        if let Front::Library(client, _) = self {
-            for k in ids {
-                let id: EventId = k.parse().expect("an event id");
-                let event = client
-                    .get(id)
-                    .await
-                    .expect("get")
-                    .expect("the event exists");
-                out.insert(
-                    k.clone(),
-                    event.lease.map(|l| l.expires_at.0).unwrap_or(i64::MIN),
-                );
-            }
-        }
-        out
-    }
 }
 
 #[tokio::main]
