@@ -28,8 +28,6 @@
 //! transaction with [`PgStore::emit_in`], commit, then publish their
 //! notifications with [`herald::Client::notify_emitted`]. If the process dies
 //! between the commit and the publish, the reconciler notifies them.
-#![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 // The `Store` methods are in `store`, each with its guards and retries,
 // delegating one try to the module of its role.

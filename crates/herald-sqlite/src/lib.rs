@@ -18,8 +18,6 @@
 //! let counts = store.counts(&herald::CountsQuery::all()).await?;
 //! # Ok(()) }
 //! ```
-#![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 // The `Store` methods are in `store`, each carried to the writer thread and
 // delegated to the module of its role.
