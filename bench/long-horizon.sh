@@ -16,7 +16,11 @@
 # 120), HOLD_AT (s, a third in), HANDLERS (32), WORK_MS (1), PORT (54329),
 # OUT (directory for CSV, chart, log and the server log; default
 # ./long-horizon-out), LABEL (for the chart's title), PG_BIN, BIN (a
-# long-horizon binary built elsewhere, for example from an older commit).
+# long-horizon binary built elsewhere, for example from an older commit),
+# PG_EXTRA (lines added to the cluster's postgresql.conf, e.g. to catch a
+# slow plan inside herald's functions:
+#   PG_EXTRA=$'shared_preload_libraries = auto_explain\nauto_explain.log_min_duration = 30\nauto_explain.log_nested_statements = on'
+# ).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-300}
@@ -76,6 +80,7 @@ autovacuum_analyze_scale_factor = 0.1
 log_autovacuum_min_duration = 0
 logging_collector = off
 EOF
+if [ -n "${PG_EXTRA:-}" ]; then printf '%s\n' "$PG_EXTRA" >>"$DATA/db/postgresql.conf"; fi
 "${AS[@]}" "$PG_BIN/postgres" -D "$DATA/db" >"$OUT/postgres.log" 2>&1 &
 PID=$!
 for _ in $(seq 1 60); do
