@@ -65,10 +65,10 @@ impl PgStore {
                 };
                 let sql = self.sql.fill(if after.is_some() {
                     "SELECT {cols} FROM {s}.events AS e WHERE e.tenant = $1 AND e.handler = $2 \
-                     AND e.state = $3 AND e.id > $5 ORDER BY e.id LIMIT $4"
+                     AND e.state = $3 AND e.id_key > $5 ORDER BY e.id_key LIMIT $4"
                 } else {
                     "SELECT {cols} FROM {s}.events AS e WHERE e.tenant = $1 AND e.handler = $2 \
-                     AND e.state = $3 ORDER BY e.id LIMIT $4"
+                     AND e.state = $3 ORDER BY e.id_key LIMIT $4"
                 });
                 let mut out = Vec::new();
                 for s in states {

@@ -11,6 +11,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0001_init.sql"),
     include_str!("../migrations/0002_error_history.sql"),
     include_str!("../migrations/0003_bounded_plans.sql"),
+    include_str!("../migrations/0004_id_key.sql"),
 ];
 
 /// The newest schema version this build knows.

@@ -183,7 +183,7 @@ const COUNT_PAIR: &str = "SELECT p0.*, p1.*, p2.*, \
            FROM (SELECT {nowexpr} AS now) AS c, \
                 LATERAL (SELECT run_at, lease_expires_at FROM {s}.events \
                          WHERE tenant = $1 AND handler = $2 AND state = 0 \
-                         ORDER BY id LIMIT $4) AS s \
+                         ORDER BY id_key LIMIT $4) AS s \
           ) AS x";
 
 /// One state's capped count in [`COUNT_PAIR`], one read of at most `$3`
@@ -193,13 +193,13 @@ const CAPPED: &str = "(SELECT CASE WHEN c.at_cap IS NULL \
            THEN (SELECT count(*) FROM {s}.events \
                  WHERE tenant = $1 AND handler = $2 AND state = {state}) \
            ELSE $3 END AS counted, \
-         (SELECT id FROM {s}.events WHERE tenant = $1 AND handler = $2 AND state = {state} \
-           ORDER BY id LIMIT 1) AS first, \
+         (SELECT id_key FROM {s}.events WHERE tenant = $1 AND handler = $2 AND state = {state} \
+           ORDER BY id_key LIMIT 1) AS first, \
          c.at_cap, \
-         (SELECT id FROM {s}.events WHERE tenant = $1 AND handler = $2 AND state = {state} \
-           ORDER BY id DESC LIMIT 1) AS last \
-       FROM (SELECT (SELECT id FROM {s}.events WHERE tenant = $1 AND handler = $2 \
-                     AND state = {state} ORDER BY id OFFSET $3 - 1 LIMIT 1) AS at_cap) AS c)";
+         (SELECT id_key FROM {s}.events WHERE tenant = $1 AND handler = $2 AND state = {state} \
+           ORDER BY id_key DESC LIMIT 1) AS last \
+       FROM (SELECT (SELECT id_key FROM {s}.events WHERE tenant = $1 AND handler = $2 \
+                     AND state = {state} ORDER BY id_key OFFSET $3 - 1 LIMIT 1) AS at_cap) AS c)";
 
 const REVIVE_CLASH: &str = "SELECT live.id FROM {s}.events AS dead JOIN {s}.events AS live \
        ON live.tenant = dead.tenant AND live.handler = dead.handler \
