@@ -168,8 +168,10 @@ impl Pg {
     async fn stats(&self) -> String {
         let mut c = self.admin().await;
         let row: (i64, i64, i64, i64) = sqlx::query_as(
-            "SELECT n_tup_upd, n_tup_hot_upd, n_tup_del, n_dead_tup \
-             FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = 'events'",
+            "SELECT sum(n_tup_upd)::int8, sum(n_tup_hot_upd)::int8, sum(n_tup_del)::int8, \
+                    sum(n_dead_tup)::int8 \
+             FROM pg_stat_user_tables WHERE relid IN \
+               (SELECT relid FROM pg_partition_tree(format('%I.events', $1::text)::regclass))",
         )
         .bind(&self.schema)
         .fetch_one(&mut c)

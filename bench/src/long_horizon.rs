@@ -107,18 +107,20 @@ fn quantile(v: &[u64], q: f64) -> u64 {
     v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
-/// The events table as pg_stat_user_tables and the size functions see it.
+/// The events table as pg_stat_user_tables and the size functions see it:
+/// every leaf of it summed (migration 5), the newest autovacuum of any.
 async fn table_stats(
     conn: &mut PgConnection,
     schema: &str,
 ) -> (i64, i64, f64, i64, i64, String, String) {
     sqlx::query_as(
-        "SELECT n_dead_tup, n_live_tup, \
-                pg_total_relation_size(relid)::float8 / 1048576, \
-                autovacuum_count, autoanalyze_count, \
-                coalesce(to_char(last_autovacuum, 'HH24:MI:SS'), ''), \
-                coalesce(to_char(last_autoanalyze, 'HH24:MI:SS'), '') \
-         FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = 'events'",
+        "SELECT sum(n_dead_tup)::int8, sum(n_live_tup)::int8, \
+                sum(pg_total_relation_size(relid))::float8 / 1048576, \
+                sum(autovacuum_count)::int8, sum(autoanalyze_count)::int8, \
+                coalesce(to_char(max(last_autovacuum), 'HH24:MI:SS'), ''), \
+                coalesce(to_char(max(last_autoanalyze), 'HH24:MI:SS'), '') \
+         FROM pg_stat_user_tables WHERE relid IN \
+           (SELECT relid FROM pg_partition_tree(format('%I.events', $1::text)::regclass))",
     )
     .bind(schema)
     .fetch_one(conn)

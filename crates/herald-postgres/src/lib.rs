@@ -37,6 +37,7 @@ mod emit;
 mod leaders;
 mod reads;
 mod retry;
+mod ring;
 mod rows;
 mod rules;
 mod schema;
@@ -60,6 +61,7 @@ use crate::schema::SchemaName;
 use crate::sql::Sql;
 
 pub use crate::emit::{EMIT_FIRST_PAUSE, EMIT_TRIES};
+pub use crate::ring::RingTimes;
 pub use crate::schema::{SchemaNameError, DEFAULT_SCHEMA, SCHEMA_VERSION};
 
 /// herald's store on PostgreSQL. Cheap to clone: clones share the pool.
@@ -69,6 +71,7 @@ pub struct PgStore {
     schema: Arc<SchemaName>,
     sql: Arc<Sql>,
     location: Arc<str>,
+    ring_times: RingTimes,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -172,6 +175,7 @@ impl PgStore {
             schema: Arc::new(name),
             location: location.into(),
             pool,
+            ring_times: RingTimes::default(),
         })
     }
 
@@ -194,6 +198,14 @@ impl PgStore {
             .await
             .map_err(|e| open_error(&self.location, &e))?;
         schema::check(&mut conn, &self.schema, &self.location).await
+    }
+
+    /// How fast the ring of leaves turns ([`RingTimes`]; the default turns
+    /// on every reconciler pass). Only the store of the elected reconciler
+    /// turns it.
+    pub fn with_ring_times(mut self, times: RingTimes) -> PgStore {
+        self.ring_times = times;
+        self
     }
 
     /// The pool.

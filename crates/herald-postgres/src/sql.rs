@@ -18,8 +18,8 @@ pub(crate) const NOW_EXPR: &str = "floor(date_part('epoch', now()) * 1000)::bigi
 /// Every hot statement reaches `events` only through the batch's ids on
 /// `events_pkey`, so that its plan stays bounded by the batch whatever the
 /// statistics say (`tests/plans.rs` checks it). They call the schema's
-/// functions (migration 3, `migrations/0003_bounded_plans.sql`), which
-/// carry their own planner settings; emit, an insert, needs none.
+/// functions (migration 3, `migrations/0003_bounded_plans.sql`, and
+/// migration 5's emit), which carry their own planner settings.
 ///
 /// The happy path in one statement: for each id, take the lease if the event
 /// is pending, due, unleased or expired (by the database's clock), has
@@ -51,19 +51,13 @@ const SETTLE_BURY: &str = "SELECT * FROM {s}.settle_bury($1, $2, $3, $4)";
 /// positions. Another HOT update.
 const RENEW: &str = "SELECT * FROM {s}.renew($1, $2, $3, $4)";
 
-/// New events; conflicts (an id already stored, or a live event with the
-/// same idempotency key) insert nothing. `notified_at` is `run_at` (the
-/// caller publishes with that delay), kept below the parked mark.
-const EMIT: &str = "INSERT INTO {s}.events AS e \
-       (id, tenant, handler, payload, run_at, max_attempts, notified_at, idempotency_key, \
-        created_at, updated_at) \
-     SELECT u.id, u.tenant, u.handler, u.payload, u.run_at, u.max_attempts, \
-            least(u.run_at, 9223372036854775806), u.key, c.now, c.now \
-     FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int4[], \
-                 $7::text[]) AS u(id, tenant, handler, payload, run_at, max_attempts, key), \
-          (SELECT {nowexpr} AS now) AS c \
-     ON CONFLICT DO NOTHING \
-     RETURNING e.id";
+/// New events, into the ring's filling leaf; conflicts (an id already
+/// stored in any leaf, or a live event with the same idempotency key)
+/// insert nothing. `notified_at` is `run_at` (the caller publishes with that
+/// delay), kept below the parked mark. Migration 5's `emit` says how an id
+/// stays unique across the leaves.
+const EMIT: &str = "SELECT * FROM {s}.emit($1::uuid[], $2::text[], $3::text[], $4::text[], \
+     $5::int8[], $6::int4[], $7::text[])";
 
 /// The live events holding idempotency keys, one index probe per key. `$4`
 /// positions.
@@ -255,6 +249,15 @@ impl SettleKind {
     }
 }
 
+/// The ring's leaves (migration 5) and the database's clock.
+const RING: &str = "SELECT leaf, phase, since, {nowexpr} AS now FROM {s}.ring ORDER BY leaf";
+
+/// `$1` the filling leaf, `$2` the empty one to fill next.
+const RING_FLIP: &str = "SELECT {s}.ring_flip($1, $2)";
+
+/// `$1` a draining leaf: the events moved to events_cold, NULL if it was not draining.
+const RING_RETIRE: &str = "SELECT {s}.ring_retire($1)";
+
 /// Every statement, for one schema.
 #[derive(Debug)]
 pub(crate) struct Sql {
@@ -295,6 +298,9 @@ pub(crate) struct Sql {
     pub(crate) rules_for: String,
     pub(crate) rules: String,
     pub(crate) now: String,
+    pub(crate) ring: String,
+    pub(crate) ring_flip: String,
+    pub(crate) ring_retire: String,
 }
 
 impl Sql {
@@ -342,6 +348,9 @@ impl Sql {
             rules_for: f(RULES_FOR),
             rules: f(RULES),
             now: f(NOW),
+            ring: f(RING),
+            ring_flip: f(RING_FLIP),
+            ring_retire: f(RING_RETIRE),
         }
     }
 
@@ -369,6 +378,9 @@ impl Sql {
             ("purge", self.purge.clone()),
             ("get", self.get.clone()),
             ("delete", self.delete.clone()),
+            ("ring", self.ring.clone()),
+            ("ring_flip", self.ring_flip.clone()),
+            ("ring_retire", self.ring_retire.clone()),
         ]
     }
 

@@ -132,6 +132,10 @@ impl Store for PgStore {
             .map(|_| ())
     }
 
+    async fn upkeep(&self) -> StoreResult<()> {
+        retry("upkeep", || self.turn_ring()).await
+    }
+
     async fn purge(
         &self,
         dead_before: Millis,

@@ -152,7 +152,14 @@ pub async fn fresh_schema_with(test: &str, pool: PgPoolOptions) -> Option<(PgSto
     };
     let name = TestSchema::random_name();
     let guard = TestSchema::adopt(&name);
-    let store = PgStore::from_pool_unchecked(pool, &name).expect("a valid schema name");
+    // The ring turns on every reconciler pass and retires a leaf at once,
+    // so that every suite runs with events moving between leaves.
+    let store = PgStore::from_pool_unchecked(pool, &name)
+        .expect("a valid schema name")
+        .with_ring_times(crate::RingTimes {
+            turn_every: Duration::ZERO,
+            drain: Duration::ZERO,
+        });
     store.migrate().await.expect("migrate the test schema");
     Some((store, guard))
 }

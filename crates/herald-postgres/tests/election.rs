@@ -124,6 +124,9 @@ impl Store for SweepSpy {
     ) -> StoreResult<u64> {
         self.inner.purge(dead_before, done_before, limit).await
     }
+    async fn upkeep(&self) -> StoreResult<()> {
+        self.inner.upkeep().await
+    }
     async fn get(&self, id: EventId) -> StoreResult<Option<Event>> {
         self.inner.get(id).await
     }

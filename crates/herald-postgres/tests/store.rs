@@ -232,7 +232,7 @@ async fn a_version_2_schema_with_events_upgrades_and_its_events_run() {
     assert!(store.get(ids[0]).await.unwrap().is_none());
     let options: Vec<String> = sqlx::query_scalar(
         "SELECT unnest(c.reloptions) FROM pg_class c JOIN pg_namespace n \
-           ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = 'events'",
+           ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = 'events_cold'",
     )
     .bind(&name)
     .fetch_all(&pool)

@@ -1,5 +1,6 @@
 //! The reconciler: when this worker is elected, re-notify what the queue
-//! lost (or never got), rescue dead workers' events, purge expired ones.
+//! lost (or never got), rescue dead workers' events, purge expired ones,
+//! and give the store its upkeep (PostgreSQL's ring of leaves).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,6 +47,10 @@ pub(super) async fn reconcile_loop(shared: Arc<WorkerState>) {
                         shared.record(RunEvent::Swept);
                     }
                     purge(&shared).await;
+                    if let Err(e) = shared.store.upkeep().await {
+                        shared.record(RunEvent::StoreFailed);
+                        tracing::warn!(error = %e, "store upkeep failed");
+                    }
                     every
                 } else {
                     // Ask again as the holder's lease lapses; the jitter keeps
