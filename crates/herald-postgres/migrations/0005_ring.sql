@@ -205,6 +205,7 @@ AS $$BEGIN RETURN QUERY INSERT INTO events AS e
 CREATE FUNCTION ring_flip(smallint, smallint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET lock_timeout = '100ms'
+SET jit = off
 SET search_path FROM CURRENT
 AS $$DECLARE now_ms bigint := floor(date_part('epoch', now()) * 1000)::bigint;
 BEGIN
@@ -220,32 +221,39 @@ END$$;
 
 -- Retires draining leaf $1: under ACCESS EXCLUSIVE on the leaf (no
 -- statement is then inside it, and those that want it wait), copies what
--- is left in it to events_cold and TRUNCATEs it. Returns the events moved,
--- or NULL if the leaf was not draining. lock_timeout as for ring_flip: a
+-- is left in it to events_cold and TRUNCATEs it. Returns the events moved
+-- and those dropped as copies of one already in events_cold (the same id
+-- stored twice, which emit prevents except for an emit inside a REPEATABLE
+-- READ or SERIALIZABLE transaction whose snapshot predates a turn: the
+-- copy in events_cold is kept, rather than the ring stopping for good), or
+-- no row if the leaf was not draining. lock_timeout as for ring_flip: a
 -- leaf held by a long transaction waits for a later pass.
-CREATE FUNCTION ring_retire(smallint) RETURNS bigint
+CREATE FUNCTION ring_retire(smallint) RETURNS TABLE (moved bigint, dropped bigint)
 LANGUAGE plpgsql VOLATILE
 SET lock_timeout = '100ms'
+SET jit = off
 SET search_path FROM CURRENT
-AS $$DECLARE moved bigint; leaf_table text := 'events_' || $1;
+AS $$#variable_conflict use_column
+DECLARE n_moved bigint; n_left bigint; leaf_table text := 'events_' || $1;
 BEGIN
-  PERFORM 1 FROM ring WHERE leaf = $1 AND phase = 'draining' FOR UPDATE;
+  PERFORM 1 FROM ring AS r WHERE r.leaf = $1 AND r.phase = 'draining' FOR UPDATE;
   IF NOT FOUND THEN
-    RETURN NULL;
+    RETURN;
   END IF;
   EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', leaf_table);
+  EXECUTE format('SELECT count(*) FROM %I', leaf_table) INTO n_left;
   EXECUTE format(
     'INSERT INTO events_cold (id, run_at, notified_at, lease_expires_at, created_at, '
     'updated_at, finished_at, attempt, max_attempts, state, leaf, lease_token, tenant, '
     'handler, idempotency_key, last_error, payload, errors) '
     'SELECT id, run_at, notified_at, lease_expires_at, created_at, updated_at, finished_at, '
     'attempt, max_attempts, state, 0, lease_token, tenant, handler, idempotency_key, '
-    'last_error, payload, errors FROM %I', leaf_table);
-  GET DIAGNOSTICS moved = ROW_COUNT;
+    'last_error, payload, errors FROM %I ON CONFLICT DO NOTHING', leaf_table);
+  GET DIAGNOSTICS n_moved = ROW_COUNT;
   EXECUTE format('TRUNCATE %I', leaf_table);
-  UPDATE ring SET phase = 'empty', since = floor(date_part('epoch', now()) * 1000)::bigint
-  WHERE leaf = $1;
-  RETURN moved;
+  UPDATE ring AS r SET phase = 'empty', since = floor(date_part('epoch', now()) * 1000)::bigint
+  WHERE r.leaf = $1;
+  RETURN QUERY SELECT n_moved, n_left - n_moved;
 END$$;
 
 -- The functions that read events were STABLE, and a STABLE function reads

@@ -142,12 +142,24 @@ impl PgStore {
             );
         }
         for leaf in plan.retire {
-            match sqlx::query_scalar::<_, Option<i64>>(&self.sql.ring_retire)
+            match sqlx::query_as::<_, (i64, i64)>(&self.sql.ring_retire)
                 .bind(leaf)
-                .fetch_one(&self.pool)
+                .fetch_optional(&self.pool)
                 .await
             {
-                Ok(moved) => tracing::debug!(leaf, moved, "herald-postgres: leaf retired"),
+                Ok(Some((moved, dropped))) => {
+                    tracing::debug!(leaf, moved, "herald-postgres: leaf retired");
+                    if dropped > 0 {
+                        tracing::warn!(
+                            leaf,
+                            dropped,
+                            "herald-postgres: events stored twice under one id (an emit inside \
+                             a REPEATABLE READ or SERIALIZABLE transaction that began before a \
+                             turn of the ring); kept the copy in events_cold",
+                        );
+                    }
+                }
+                Ok(None) => {}
                 Err(e) if lock_timeout(&e) => {
                     tracing::debug!(leaf, "herald-postgres: leaf busy, retired on a later pass")
                 }

@@ -255,8 +255,9 @@ const RING: &str = "SELECT leaf, phase, since, {nowexpr} AS now FROM {s}.ring OR
 /// `$1` the filling leaf, `$2` the empty one to fill next.
 const RING_FLIP: &str = "SELECT {s}.ring_flip($1, $2)";
 
-/// `$1` a draining leaf: the events moved to events_cold, NULL if it was not draining.
-const RING_RETIRE: &str = "SELECT {s}.ring_retire($1)";
+/// `$1` a draining leaf: the events moved to events_cold and those dropped
+/// as copies; no row if it was not draining.
+const RING_RETIRE: &str = "SELECT * FROM {s}.ring_retire($1)";
 
 /// Every statement, for one schema.
 #[derive(Debug)]

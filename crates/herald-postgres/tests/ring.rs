@@ -234,11 +234,15 @@ async fn racing_emits_and_turns_store_each_event_once() {
     let turner = {
         let (store, stop) = (store.clone(), stop.clone());
         tokio::spawn(async move {
+            let mut failed = Vec::new();
             for _ in 0..40 {
-                store.upkeep().await.expect("upkeep");
+                if let Err(e) = store.upkeep().await {
+                    failed.push(e.to_string());
+                }
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            failed
         })
     };
     let mut emitters = Vec::new();
@@ -246,6 +250,7 @@ async fn racing_emits_and_turns_store_each_event_once() {
         let (store, events, stop) = (store.clone(), events.clone(), stop.clone());
         emitters.push(tokio::spawn(async move {
             let mut sent = Vec::new();
+            let mut created = Vec::new();
             let mut round = 0;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 // Overlapping slices, each emitter in its own order.
@@ -255,21 +260,29 @@ async fn racing_emits_and_turns_store_each_event_once() {
                 let out = store.emit(&batch_events).await.expect("emit");
                 for (sent, got) in batch_events.iter().zip(out) {
                     assert_eq!(got.id(), sent.id, "every event is its own, stored or existing");
+                    if let Emitted::Created(id) = got {
+                        created.push(id);
+                    }
                 }
                 sent.extend(batch);
                 round += 1;
             }
-            (sent, round)
+            (sent, created, round)
         }));
     }
     let mut sent = std::collections::HashSet::new();
+    let mut created: HashMap<EventId, usize> = HashMap::new();
     let mut rounds = 0;
     for e in emitters {
-        let (s, r) = e.await.expect("emitter");
+        let (s, c, r) = e.await.expect("emitter");
         sent.extend(s);
+        for id in c {
+            *created.entry(id).or_default() += 1;
+        }
         rounds += r;
     }
-    turner.await.expect("turner");
+    let failed = turner.await.expect("turner");
+    assert!(failed.is_empty(), "turns failed: {failed:?}");
     assert!(rounds > 40, "{rounds} emits raced the turns");
     let copies: Vec<(uuid::Uuid, i64)> = sqlx::query_as(&format!(
         "SELECT id, count(*) FROM \"{}\".events GROUP BY id HAVING count(*) > 1",
@@ -288,6 +301,12 @@ async fn racing_emits_and_turns_store_each_event_once() {
     .await
     .unwrap();
     assert!(keys.is_empty(), "a key held twice: {keys:?}");
+    // Each stored once: answered Created to exactly one emit (a copy in a
+    // second leaf would have been Created twice, whatever a later retire
+    // then made of it).
+    let twice: Vec<_> = created.iter().filter(|(_, &n)| n > 1).collect();
+    assert!(twice.is_empty(), "created twice: {twice:?}");
+    assert_eq!(created.len(), sent.len(), "every event sent was created once");
     // Every event sent at least once is stored.
     let stored: i64 = per_leaf(&store).await.values().sum();
     assert_eq!(stored as usize, sent.len());
