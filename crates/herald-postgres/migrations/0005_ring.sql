@@ -59,11 +59,12 @@ CREATE TABLE events (
     CHECK ((lease_token IS NULL) = (lease_expires_at IS NULL))
 ) PARTITION BY LIST (leaf);
 
--- fillfactor 45 as in migration 1 (claims stay HOT). The ring leaves are
--- emptied by TRUNCATE, so autovacuum has nothing to do there while the ring
--- turns; its thresholds are set high enough that it comes only to a leaf
--- that stopped turning (a transaction that holds `ring` or a leaf open for
--- long), and stays out of the way of the TRUNCATE otherwise.
+-- fillfactor 45 as in migration 1 (claims stay HOT), and migration 3's
+-- autovacuum settings on every leaf: while the ring turns, a ring leaf is
+-- TRUNCATEd before autovacuum (once per naptime) finds much to do; when it
+-- cannot turn (a backlog that keeps a leaf from draining, a transaction
+-- that holds it), vacuum is what keeps the filling leaf in bounds, as
+-- before this migration.
 CREATE TABLE events_cold PARTITION OF events FOR VALUES IN (0) WITH (
     fillfactor = 45,
     autovacuum_vacuum_scale_factor = 0,
@@ -78,33 +79,33 @@ CREATE TABLE events_cold PARTITION OF events FOR VALUES IN (0) WITH (
 CREATE TABLE events_1 PARTITION OF events FOR VALUES IN (1) WITH (
     fillfactor = 45,
     autovacuum_vacuum_scale_factor = 0,
-    autovacuum_vacuum_threshold = 1000000,
+    autovacuum_vacuum_threshold = 10000,
     autovacuum_vacuum_insert_scale_factor = 0,
-    autovacuum_vacuum_insert_threshold = 1000000,
+    autovacuum_vacuum_insert_threshold = 10000,
     autovacuum_analyze_scale_factor = 0,
-    autovacuum_analyze_threshold = 1000000,
+    autovacuum_analyze_threshold = 50000,
     autovacuum_vacuum_cost_delay = 0,
     autovacuum_vacuum_cost_limit = 10000
 );
 CREATE TABLE events_2 PARTITION OF events FOR VALUES IN (2) WITH (
     fillfactor = 45,
     autovacuum_vacuum_scale_factor = 0,
-    autovacuum_vacuum_threshold = 1000000,
+    autovacuum_vacuum_threshold = 10000,
     autovacuum_vacuum_insert_scale_factor = 0,
-    autovacuum_vacuum_insert_threshold = 1000000,
+    autovacuum_vacuum_insert_threshold = 10000,
     autovacuum_analyze_scale_factor = 0,
-    autovacuum_analyze_threshold = 1000000,
+    autovacuum_analyze_threshold = 50000,
     autovacuum_vacuum_cost_delay = 0,
     autovacuum_vacuum_cost_limit = 10000
 );
 CREATE TABLE events_3 PARTITION OF events FOR VALUES IN (3) WITH (
     fillfactor = 45,
     autovacuum_vacuum_scale_factor = 0,
-    autovacuum_vacuum_threshold = 1000000,
+    autovacuum_vacuum_threshold = 10000,
     autovacuum_vacuum_insert_scale_factor = 0,
-    autovacuum_vacuum_insert_threshold = 1000000,
+    autovacuum_vacuum_insert_threshold = 10000,
     autovacuum_analyze_scale_factor = 0,
-    autovacuum_analyze_threshold = 1000000,
+    autovacuum_analyze_threshold = 50000,
     autovacuum_vacuum_cost_delay = 0,
     autovacuum_vacuum_cost_limit = 10000
 );
@@ -166,9 +167,12 @@ AS $$BEGIN RETURN QUERY UPDATE events AS e
                        WHERE r.tenant = e.tenant AND r.handler = e.handler OFFSET 0)
      RETURNING e.*; END$$;
 
--- New events into the filling leaf (events_cold if none fills): $1 ids,
+-- New events into the filling leaf: $1 ids,
 -- $2 tenants, $3 handlers, $4 payloads, $5 run_at, $6 max attempts, $7
--- idempotency keys. An id stored in any leaf, or a key held by a live event
+-- idempotency keys. Events that will not run within the ring's turn go
+-- straight to events_cold, so that a leaf drains by itself: those due more
+-- than 10 s from now, and those of a paused or blocked handler (and all of
+-- them if no leaf fills). An id stored in any leaf, or a key held by a live event
 -- in any leaf, inserts nothing (the caller looks the holder up); the
 -- probes are per row (LIMIT 1 subqueries, nested loops only), each a probe
 -- of one index per leaf. Returns the ids inserted.
@@ -182,7 +186,11 @@ AS $$BEGIN RETURN QUERY INSERT INTO events AS e
        (id, tenant, handler, payload, run_at, max_attempts, notified_at, idempotency_key,
         created_at, updated_at, leaf)
      SELECT u.id, u.tenant, u.handler, u.payload, u.run_at, u.max_attempts,
-            least(u.run_at, 9223372036854775806), u.key, c.now, c.now, c.leaf
+            least(u.run_at, 9223372036854775806), u.key, c.now, c.now,
+            CASE WHEN u.run_at > c.now + 10000
+                      OR EXISTS (SELECT 1 FROM rules AS r
+                                 WHERE r.tenant = u.tenant AND r.handler = u.handler)
+                 THEN 0 ELSE c.leaf END
      FROM unnest($1, $2, $3, $4, $5, $6, $7)
             AS u(id, tenant, handler, payload, run_at, max_attempts, key),
           (SELECT floor(date_part('epoch', now()) * 1000)::bigint AS now,
@@ -219,41 +227,65 @@ BEGIN
   RETURN true;
 END$$;
 
--- Retires draining leaf $1: under ACCESS EXCLUSIVE on the leaf (no
--- statement is then inside it, and those that want it wait), copies what
--- is left in it to events_cold and TRUNCATEs it. Returns the events moved
--- and those dropped as copies of one already in events_cold (the same id
--- stored twice, which emit prevents except for an emit inside a REPEATABLE
--- READ or SERIALIZABLE transaction whose snapshot predates a turn: the
--- copy in events_cold is kept, rather than the ring stopping for good), or
--- no row if the leaf was not draining. lock_timeout as for ring_flip: a
--- leaf held by a long transaction waits for a later pass.
-CREATE FUNCTION ring_retire(smallint) RETURNS TABLE (moved bigint, dropped bigint)
+-- Retires draining leaf $1 once it has drained: if at most $2 events are
+-- left in it, then under ACCESS EXCLUSIVE on the leaf (no statement is
+-- inside it, and those that want it wait: the wait is bounded by moving at
+-- most $2 rows), copies them to events_cold and TRUNCATEs it. If more are
+-- left (a backlog not yet run, events emitted then paused), it waits for a
+-- later pass, unless $3: then it moves $2 of them, so that a leaf whose
+-- stragglers never finish is emptied in steps. Returns the events moved,
+-- those dropped as copies of one already in events_cold, and whether the
+-- leaf is empty now; no row if it was not draining or not yet drained.
+--
+-- A copy is an id stored twice, which emit prevents except inside a
+-- REPEATABLE READ or SERIALIZABLE transaction whose snapshot predates a
+-- turn: the copy in events_cold is kept, rather than the ring stopping for
+-- good. lock_timeout as for ring_flip: a leaf held by a long transaction
+-- waits for a later pass.
+CREATE FUNCTION ring_retire(smallint, bigint, boolean)
+RETURNS TABLE (moved bigint, dropped bigint, emptied boolean)
 LANGUAGE plpgsql VOLATILE
 SET lock_timeout = '100ms'
 SET jit = off
 SET search_path FROM CURRENT
 AS $$#variable_conflict use_column
 DECLARE n_moved bigint; n_left bigint; leaf_table text := 'events_' || $1;
+  columns text := 'id, run_at, notified_at, lease_expires_at, created_at, updated_at, '
+    'finished_at, attempt, max_attempts, state, leaf, lease_token, tenant, handler, '
+    'idempotency_key, last_error, payload, errors';
+  copied text := 'id, run_at, notified_at, lease_expires_at, created_at, updated_at, '
+    'finished_at, attempt, max_attempts, state, 0, lease_token, tenant, handler, '
+    'idempotency_key, last_error, payload, errors';
 BEGIN
   PERFORM 1 FROM ring AS r WHERE r.leaf = $1 AND r.phase = 'draining' FOR UPDATE;
   IF NOT FOUND THEN
     RETURN;
   END IF;
+  -- Counted before the lock (rows only leave a draining leaf).
+  EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM %I LIMIT $1 + 1) AS l', leaf_table)
+    INTO n_left USING $2;
+  IF n_left > $2 AND NOT $3 THEN
+    RETURN;
+  END IF;
   EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', leaf_table);
+  IF n_left > $2 THEN
+    EXECUTE format(
+      'WITH m AS (DELETE FROM %I WHERE ctid = ANY (ARRAY(SELECT ctid FROM %I LIMIT $1)) '
+      'RETURNING %s), i AS (INSERT INTO events_cold (%s) SELECT %s FROM m '
+      'ON CONFLICT DO NOTHING RETURNING 1) '
+      'SELECT (SELECT count(*) FROM m), (SELECT count(*) FROM i)',
+      leaf_table, leaf_table, columns, columns, copied) INTO n_left, n_moved USING $2;
+    RETURN QUERY SELECT n_moved, n_left - n_moved, false;
+    RETURN;
+  END IF;
   EXECUTE format('SELECT count(*) FROM %I', leaf_table) INTO n_left;
-  EXECUTE format(
-    'INSERT INTO events_cold (id, run_at, notified_at, lease_expires_at, created_at, '
-    'updated_at, finished_at, attempt, max_attempts, state, leaf, lease_token, tenant, '
-    'handler, idempotency_key, last_error, payload, errors) '
-    'SELECT id, run_at, notified_at, lease_expires_at, created_at, updated_at, finished_at, '
-    'attempt, max_attempts, state, 0, lease_token, tenant, handler, idempotency_key, '
-    'last_error, payload, errors FROM %I ON CONFLICT DO NOTHING', leaf_table);
+  EXECUTE format('INSERT INTO events_cold (%s) SELECT %s FROM %I ON CONFLICT DO NOTHING',
+                 columns, copied, leaf_table);
   GET DIAGNOSTICS n_moved = ROW_COUNT;
   EXECUTE format('TRUNCATE %I', leaf_table);
   UPDATE ring AS r SET phase = 'empty', since = floor(date_part('epoch', now()) * 1000)::bigint
   WHERE r.leaf = $1;
-  RETURN QUERY SELECT n_moved, n_left - n_moved;
+  RETURN QUERY SELECT n_moved, n_left - n_moved, true;
 END$$;
 
 -- The functions that read events were STABLE, and a STABLE function reads

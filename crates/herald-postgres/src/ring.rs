@@ -2,12 +2,18 @@
 //! from the ring's rows and the database's clock; `PgStore::upkeep` carries
 //! it out (`store.rs`).
 //!
-//! New events go into the filling leaf. A turn retires every leaf that has
-//! drained long enough (its remaining events move to `events_cold`, then
-//! it is TRUNCATEd), then makes the filling leaf draining and the next leaf
-//! in ring order filling, if that one is empty (or is retired in the same
-//! turn) and the filling leaf has filled for `turn_every`.
+//! New events due within seconds go into the filling leaf (the others into
+//! `events_cold`). A turn tries to retire every leaf that has drained for
+//! `drain`: one that holds at most `move_at_most` events (its stragglers)
+//! has them moved to `events_cold` and is TRUNCATEd; one that holds more (a
+//! backlog not yet run) waits, unless it has drained for `drain_at_most`,
+//! then `move_at_most` of its events move per turn. Then the turn makes the
+//! filling leaf draining and the next in ring order filling, if that one is
+//! empty (or retired in the same turn) and the filling leaf has filled for
+//! `turn_every`. A ring that cannot turn (a backlog) leaves the filling
+//! leaf to grow, with vacuum to clean it, as a table without a ring.
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use crate::rows::{Ctx, DbResult};
@@ -23,6 +29,12 @@ pub struct RingTimes {
     /// How long a leaf drains (its events run and finish) before it is
     /// retired; what is still in it then is copied to `events_cold`.
     pub drain: Duration,
+    /// The most events a retire moves under the leaf's exclusive lock (every
+    /// statement on events waits meanwhile: about 30 µs per event).
+    pub move_at_most: u32,
+    /// How long a leaf that still holds more than `move_at_most` events may
+    /// drain before its events are moved anyway, `move_at_most` per turn.
+    pub drain_at_most: Duration,
 }
 
 impl Default for RingTimes {
@@ -33,6 +45,8 @@ impl Default for RingTimes {
         RingTimes {
             turn_every: Duration::from_secs(2),
             drain: Duration::from_secs(1),
+            move_at_most: 2_000,
+            drain_at_most: Duration::from_secs(60),
         }
     }
 }
@@ -71,23 +85,29 @@ pub(crate) struct Leaf {
 /// What a turn does, in order: the retires, then the flip.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Turn {
-    /// Draining leaves to retire.
-    pub(crate) retire: Vec<i16>,
+    /// Draining leaves to retire, each with whether it has drained for
+    /// `drain_at_most` (move its events even if it holds many).
+    pub(crate) retire: Vec<(i16, bool)>,
     /// The filling leaf and the one to fill next.
     pub(crate) flip: Option<(i16, i16)>,
     /// The filling leaf has filled for this long (ms) and cannot hand over:
     /// the next leaf is neither empty nor retired in this turn. Set once it
-    /// is more than ten turns overdue, for a warning.
+    /// has filled for `drain_at_most`, for a warning.
     pub(crate) stalled: Option<(i16, i64)>,
 }
 
 /// The turn for `leaves` (sorted by leaf) at `now`.
 pub(crate) fn turn(leaves: &[Leaf], now: i64, times: RingTimes) -> Turn {
     let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
-    let retire: Vec<i16> = leaves
+    let retire: Vec<(i16, bool)> = leaves
         .iter()
         .filter(|l| l.phase == Phase::Draining && now.saturating_sub(l.since) >= ms(times.drain))
-        .map(|l| l.leaf)
+        .map(|l| {
+            (
+                l.leaf,
+                now.saturating_sub(l.since) >= ms(times.drain_at_most),
+            )
+        })
         .collect();
     let mut out = Turn {
         retire,
@@ -102,9 +122,9 @@ pub(crate) fn turn(leaves: &[Leaf], now: i64, times: RingTimes) -> Turn {
         return out;
     }
     let next = leaves[(pos + 1) % leaves.len()];
-    if next.phase == Phase::Empty || out.retire.contains(&next.leaf) {
+    if next.phase == Phase::Empty || out.retire.iter().any(|&(l, _)| l == next.leaf) {
         out.flip = Some((filling.leaf, next.leaf));
-    } else if filled_for > ms(times.turn_every).saturating_mul(10).max(10_000) {
+    } else if filled_for >= ms(times.drain_at_most) {
         out.stalled = Some((filling.leaf, filled_for));
     }
     out
@@ -133,22 +153,28 @@ impl PgStore {
             .collect();
         let plan = turn(&leaves, now, self.ring_times);
         if let Some((leaf, for_ms)) = plan.stalled {
-            tracing::warn!(
-                leaf,
-                seconds = for_ms / 1000,
-                "herald-postgres: the ring has not turned: the next leaf is still draining \
-                 (a transaction holds it open; see pg_locks), so new events pile up in \
-                 events_{leaf} and wait for vacuum",
-            );
+            // Once a minute at most: a backlog can keep the ring still for long.
+            let minute = now / 60_000;
+            if STALL_WARNED.swap(minute, Ordering::Relaxed) != minute {
+                tracing::warn!(
+                    leaf,
+                    seconds = for_ms / 1000,
+                    "herald-postgres: the ring has not turned: the next leaf has not drained \
+                     (a backlog not yet run, or a transaction that holds it; see pg_locks), \
+                     so new events stay in events_{leaf} and wait for vacuum",
+                );
+            }
         }
-        for leaf in plan.retire {
-            match sqlx::query_as::<_, (i64, i64)>(&self.sql.ring_retire)
+        for (leaf, force) in plan.retire {
+            match sqlx::query_as::<_, (i64, i64, bool)>(&self.sql.ring_retire)
                 .bind(leaf)
+                .bind(i64::from(self.ring_times.move_at_most))
+                .bind(force)
                 .fetch_optional(&self.pool)
                 .await
             {
-                Ok(Some((moved, dropped))) => {
-                    tracing::debug!(leaf, moved, "herald-postgres: leaf retired");
+                Ok(Some((moved, dropped, emptied))) => {
+                    tracing::debug!(leaf, moved, emptied, "herald-postgres: leaf retired");
                     if dropped > 0 {
                         tracing::warn!(
                             leaf,
@@ -159,7 +185,7 @@ impl PgStore {
                         );
                     }
                 }
-                Ok(None) => {}
+                Ok(None) => tracing::debug!(leaf, "herald-postgres: leaf still draining"),
                 Err(e) if lock_timeout(&e) => {
                     tracing::debug!(leaf, "herald-postgres: leaf busy, retired on a later pass")
                 }
@@ -184,6 +210,10 @@ impl PgStore {
     }
 }
 
+/// The minute (of the database's clock) of the last warning that the ring
+/// stands still.
+static STALL_WARNED: AtomicI64 = AtomicI64::new(0);
+
 /// `lock_not_available`: lock_timeout ran out.
 fn lock_timeout(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some("55P03"))
@@ -204,6 +234,8 @@ mod tests {
     const TIMES: RingTimes = RingTimes {
         turn_every: Duration::from_secs(2),
         drain: Duration::from_secs(1),
+        move_at_most: 2_000,
+        drain_at_most: Duration::from_secs(60),
     };
 
     use Phase::{Draining as D, Empty as E, Filling as F};
@@ -226,8 +258,11 @@ mod tests {
         // 3 filling, 1 draining since 3 s, 2 empty.
         let leaves = ring([(D, 0), (E, 0), (F, 0)]);
         let t = turn(&leaves, 3_000, TIMES);
-        assert_eq!(t.retire, vec![1]);
+        assert_eq!(t.retire, vec![(1, false)]);
         assert_eq!(t.flip, Some((3, 1)), "the next after 3 is 1, retired now");
+        // Drained for a minute: its events move even if it holds many.
+        let t = turn(&leaves, 60_000, TIMES);
+        assert_eq!(t.retire, vec![(1, true)]);
     }
 
     #[test]
@@ -254,7 +289,7 @@ mod tests {
     fn no_filling_leaf_means_no_flip() {
         let leaves = ring([(E, 0), (E, 0), (D, 0)]);
         let t = turn(&leaves, 10_000, TIMES);
-        assert_eq!(t.retire, vec![3]);
+        assert_eq!(t.retire, vec![(3, false)]);
         assert_eq!(t.flip, None);
     }
 

@@ -255,9 +255,11 @@ const RING: &str = "SELECT leaf, phase, since, {nowexpr} AS now FROM {s}.ring OR
 /// `$1` the filling leaf, `$2` the empty one to fill next.
 const RING_FLIP: &str = "SELECT {s}.ring_flip($1, $2)";
 
-/// `$1` a draining leaf: the events moved to events_cold and those dropped
-/// as copies; no row if it was not draining.
-const RING_RETIRE: &str = "SELECT * FROM {s}.ring_retire($1)";
+/// `$1` a draining leaf, `$2` how many events may be moved under the leaf's
+/// lock, `$3` whether to move that many of a leaf that holds more: the
+/// events moved to events_cold, those dropped as copies, and whether the
+/// leaf is empty now; no row if it was not draining or not yet drained.
+const RING_RETIRE: &str = "SELECT * FROM {s}.ring_retire($1, $2, $3)";
 
 /// Every statement, for one schema.
 #[derive(Debug)]

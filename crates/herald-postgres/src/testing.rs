@@ -159,6 +159,8 @@ pub async fn fresh_schema_with(test: &str, pool: PgPoolOptions) -> Option<(PgSto
         .with_ring_times(crate::RingTimes {
             turn_every: Duration::ZERO,
             drain: Duration::ZERO,
+            move_at_most: 100,
+            drain_at_most: Duration::ZERO,
         });
     store.migrate().await.expect("migrate the test schema");
     Some((store, guard))

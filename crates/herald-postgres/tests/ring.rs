@@ -95,7 +95,13 @@ async fn events_of_every_kind_outlive_their_leaf_unchanged() {
         .unwrap();
     assert!(out.iter().all(|e| matches!(e, Emitted::Created(_))));
     let first = filling(&store).await;
-    assert_eq!(per_leaf(&store).await.get(&first), Some(&5));
+    let leaves = per_leaf(&store).await;
+    assert_eq!(leaves.get(&first), Some(&4), "{leaves:?}");
+    assert_eq!(
+        leaves.get(&0),
+        Some(&1),
+        "the delayed one went straight to events_cold"
+    );
 
     let token = LeaseToken::new();
     let ids = [running.id, buried.id, released.id, kept.id];
@@ -378,4 +384,30 @@ async fn an_open_transactional_emit_delays_the_turn_and_loses_nothing() {
     assert_ne!(filling(&store).await, first, "and turned after the commit");
     assert_eq!(per_leaf(&store).await.get(&0), Some(&1));
     assert!(store.get(open.id).await.unwrap().is_some());
+}
+
+/// Events that will not run soon skip the ring: those of a paused handler
+/// and those due in more than 10 s go straight to events_cold, so that
+/// they never keep a leaf from draining.
+#[tokio::test]
+async fn events_that_will_not_run_soon_go_straight_to_the_cold_leaf() {
+    let Some((store, _schema)) = rig().await else {
+        return;
+    };
+    let rule = herald::Rule {
+        tenant: "t".into(),
+        handler: "paused".into(),
+        kind: herald::RuleKind::Pause,
+    };
+    assert!(store.add_rule(&rule).await.unwrap());
+    let batch = vec![
+        event("paused", Duration::ZERO),
+        event("h", Duration::from_secs(30)),
+        event("h", Duration::from_secs(5)),
+        event("h", Duration::ZERO),
+    ];
+    store.emit(&batch).await.unwrap();
+    let leaves = per_leaf(&store).await;
+    assert_eq!(leaves.get(&0), Some(&2), "{leaves:?}");
+    assert_eq!(leaves.get(&filling(&store).await), Some(&2), "{leaves:?}");
 }
