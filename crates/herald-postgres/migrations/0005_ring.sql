@@ -304,6 +304,19 @@ ALTER FUNCTION sweep_quiet(bigint, bigint, bigint, uuid, bigint) VOLATILE;
 -- above jit_above_cost, and compiling it took 450-650 ms per emit (seen on
 -- this migration's first draft). Batches of a few hundred rows never gain
 -- from JIT.
+-- And generic plans for the hot ones: a custom plan of a statement on four
+-- leaves is planned anew on every call, which cost more than the
+-- statement; the generic plan is bounded like the custom one
+-- (tests/plans.rs checks both).
+ALTER FUNCTION claim(uuid, bigint, uuid[], text[]) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION inspect(uuid[]) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION settle_delete(uuid[], uuid[], int4[]) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION settle_archive(uuid[], uuid[], int4[]) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION settle_release(uuid[], uuid[], int4[], int8[], int4[], text[]) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION settle_bury(uuid[], uuid[], int4[], text[]) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION renew(bigint, uuid[], uuid[], int4[]) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION existing_keys(text[], text[], text[], int4[]) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION emit(uuid[], text[], text[], text[], int8[], int4[], text[]) SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION claim(uuid, bigint, uuid[], text[]) SET jit = off;
 ALTER FUNCTION inspect(uuid[]) SET jit = off;
 ALTER FUNCTION settle_delete(uuid[], uuid[], int4[]) SET jit = off;

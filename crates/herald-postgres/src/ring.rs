@@ -201,7 +201,11 @@ impl PgStore {
             {
                 Ok(flipped) => tracing::debug!(from, to, flipped, "herald-postgres: ring turned"),
                 Err(e) if lock_timeout(&e) => {
-                    tracing::debug!(from, to, "herald-postgres: emits hold the ring, turned on a later pass")
+                    tracing::debug!(
+                        from,
+                        to,
+                        "herald-postgres: emits hold the ring, turned on a later pass"
+                    )
                 }
                 Err(e) => return Err(e).ctx(OP),
             }

@@ -117,7 +117,12 @@ async fn events_of_every_kind_outlive_their_leaf_unchanged() {
     };
     let held = store
         .settle(&[
-            settle(buried.id, Finish::Bury { error: "boom".into() }),
+            settle(
+                buried.id,
+                Finish::Bury {
+                    error: "boom".into(),
+                },
+            ),
             settle(
                 released.id,
                 Finish::Release {
@@ -136,8 +141,16 @@ async fn events_of_every_kind_outlive_their_leaf_unchanged() {
     turn_around(&store).await;
     assert_ne!(filling(&store).await, first, "the ring turned");
     let leaves = per_leaf(&store).await;
-    assert_eq!(leaves.get(&0), Some(&5), "all five moved to events_cold: {leaves:?}");
-    assert_eq!(ring_bytes(&store).await, 0, "the ring's leaves are truncated");
+    assert_eq!(
+        leaves.get(&0),
+        Some(&5),
+        "all five moved to events_cold: {leaves:?}"
+    );
+    assert_eq!(
+        ring_bytes(&store).await,
+        0,
+        "the ring's leaves are truncated"
+    );
     let after: Vec<_> = stored_now(&store, &all).await;
     assert_eq!(before, after, "moved unchanged");
     assert_eq!(store.history(released.id).await.unwrap().len(), 1);
@@ -195,10 +208,7 @@ async fn an_id_or_a_live_key_is_stored_once_across_leaves() {
         idempotency_key: Some("k".into()),
         ..event("h", Duration::ZERO)
     };
-    store
-        .emit(&[first.clone(), keyed.clone()])
-        .await
-        .unwrap();
+    store.emit(&[first.clone(), keyed.clone()]).await.unwrap();
     store.upkeep().await.unwrap();
     // Now in the draining leaf; then in events_cold.
     for round in 0..2 {
@@ -262,10 +272,15 @@ async fn racing_emits_and_turns_store_each_event_once() {
                 // Overlapping slices, each emitter in its own order.
                 let start = (e * 37 + round * 53) % events.len();
                 let batch: Vec<usize> = (0..40).map(|k| (start + k * 7) % events.len()).collect();
-                let batch_events: Vec<NewEvent> = batch.iter().map(|&i| events[i].clone()).collect();
+                let batch_events: Vec<NewEvent> =
+                    batch.iter().map(|&i| events[i].clone()).collect();
                 let out = store.emit(&batch_events).await.expect("emit");
                 for (sent, got) in batch_events.iter().zip(out) {
-                    assert_eq!(got.id(), sent.id, "every event is its own, stored or existing");
+                    assert_eq!(
+                        got.id(),
+                        sent.id,
+                        "every event is its own, stored or existing"
+                    );
                     if let Emitted::Created(id) = got {
                         created.push(id);
                     }
@@ -312,7 +327,11 @@ async fn racing_emits_and_turns_store_each_event_once() {
     // then made of it).
     let twice: Vec<_> = created.iter().filter(|(_, &n)| n > 1).collect();
     assert!(twice.is_empty(), "created twice: {twice:?}");
-    assert_eq!(created.len(), sent.len(), "every event sent was created once");
+    assert_eq!(
+        created.len(),
+        sent.len(),
+        "every event sent was created once"
+    );
     // Every event sent at least once is stored.
     let stored: i64 = per_leaf(&store).await.values().sum();
     assert_eq!(stored as usize, sent.len());
@@ -376,7 +395,10 @@ async fn an_open_transactional_emit_delays_the_turn_and_loses_nothing() {
         .unwrap();
     assert_eq!(out, vec![Emitted::Created(open.id)]);
     for _ in 0..3 {
-        store.upkeep().await.expect("upkeep succeeds while the ring is held");
+        store
+            .upkeep()
+            .await
+            .expect("upkeep succeeds while the ring is held");
     }
     assert_eq!(filling(&store).await, first, "the ring waited");
     tx.commit().await.unwrap();
