@@ -49,8 +49,16 @@ const BROKER_RESTART_AT: u64 = 10_000;
 /// How long the broker stays down: longer than a lease, so that deliveries
 /// time out at the broker while their runs hold live leases in the store.
 const BROKER_DOWN: Duration = Duration::from_secs(3);
-/// The whole run must finish within this, or the test fails saying how far it got.
+/// The whole run must finish within this, or the test fails saying how far
+/// it got (with each worker's last log lines).
 const LIMIT: Duration = Duration::from_secs(240);
+/// The same on the Pub/Sub emulator. Between the SIGKILL and the
+/// emulator's restart, runs slow there to about 30/s (120/s before the
+/// kill and again after the restart), on schema 4 as on schema 5
+/// (2026-12-01, this machine): the emulator keeps handing messages to the
+/// killed worker's pulls, and each waits out its ack deadline. Not seen on
+/// NATS; to be looked into (issue 15 reworks the receivers).
+const PUBSUB_LIMIT: Duration = Duration::from_secs(420);
 
 fn micros_now() -> i64 {
     SystemTime::now()
@@ -355,6 +363,11 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 /// The test, on the broker `kind`.
 async fn survive(kind: &str, test: &str) {
     let _turn = ONE_AT_A_TIME.lock().await;
+    let limit = if kind == "pubsub" {
+        PUBSUB_LIMIT
+    } else {
+        LIMIT
+    };
     let db = database_url();
     if let Err(e) = reachable().await {
         unreachable(test, &db, &e);
@@ -388,9 +401,10 @@ async fn survive(kind: &str, test: &str) {
     // The kill: once enough has run, and while the victim is mid-handler.
     while ledger.started() < KILL_AT || ledger.in_flight(VICTIM).await == 0 {
         assert!(
-            begun.elapsed() < LIMIT,
-            "only {} runs started",
-            ledger.started()
+            begun.elapsed() < limit,
+            "only {} runs started\n{}",
+            ledger.started(),
+            log_tails(&workers)
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -406,9 +420,10 @@ async fn survive(kind: &str, test: &str) {
     // The broker's restart, with emits and runs still going.
     while ledger.started() < BROKER_RESTART_AT {
         assert!(
-            begun.elapsed() < LIMIT,
-            "only {} runs started",
-            ledger.started()
+            begun.elapsed() < limit,
+            "only {} runs started\n{}",
+            ledger.started(),
+            log_tails(&workers)
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -417,7 +432,7 @@ async fn survive(kind: &str, test: &str) {
     broker.restart().await;
     eprintln!("{:?}: restarted {kind}", begun.elapsed());
 
-    let ids = tokio::time::timeout(LIMIT, emitter)
+    let ids = tokio::time::timeout(limit, emitter)
         .await
         .expect("every batch emitted in time")
         .unwrap();
@@ -433,9 +448,10 @@ async fn survive(kind: &str, test: &str) {
             break;
         }
         assert!(
-            begun.elapsed() < LIMIT,
-            "{left} events still stored after {LIMIT:?}; {} runs started",
-            ledger.started()
+            begun.elapsed() < limit,
+            "{left} events still stored after {limit:?}; {} runs started\n{}",
+            ledger.started(),
+            log_tails(&workers)
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -599,4 +615,23 @@ async fn survive(kind: &str, test: &str) {
         lapsed.len()
     );
     drop(broker);
+}
+
+/// The last lines each worker logged, for a failure's message.
+fn log_tails(workers: &[Server]) -> String {
+    workers
+        .iter()
+        .enumerate()
+        .map(|(n, w)| {
+            let log = w.stderr();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+            format!(
+                "--- worker {n}, last {} of {} lines:\n{tail}",
+                lines.len().min(40),
+                lines.len()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
