@@ -77,6 +77,11 @@ struct Args {
     /// every claim a non-HOT update).
     #[arg(long)]
     lease_index: bool,
+    /// PostgreSQL experiment: keep only this many of the ring's leaves
+    /// (migration 5 makes 3; the others are detached and dropped before
+    /// emitting), to see what each leaf costs every statement.
+    #[arg(long)]
+    ring_leaves: Option<u16>,
     /// The `pg-cpu` tool: measure PostgreSQL's CPU time during the drain.
     #[arg(long)]
     pg_cpu: Option<PathBuf>,
@@ -212,6 +217,16 @@ async fn main() {
                  WHERE state = 0 AND lease_expires_at IS NOT NULL",
                 )
                 .await;
+            }
+            if let Some(keep) = args.ring_leaves {
+                for leaf in (keep + 1)..=3 {
+                    p.exec(&format!(
+                        "DELETE FROM {{s}}.ring WHERE leaf = {leaf}; \
+                         ALTER TABLE {{s}}.events DETACH PARTITION {{s}}.events_{leaf}; \
+                         DROP TABLE {{s}}.events_{leaf}"
+                    ))
+                    .await;
+                }
             }
             let store = PgStore::connect_with(
                 PgPoolOptions::new().max_connections(args.pool),
