@@ -244,6 +244,82 @@ async fn a_version_2_schema_with_events_upgrades_and_its_events_run() {
     );
 }
 
+/// A version 5 schema whose third ring leaf is filling and holds events
+/// (as herald 5 left it) is upgraded to the ring of two (migration 6): the
+/// events move to events_cold unchanged and run, and the ring has two
+/// leaves, one of them filling.
+#[tokio::test]
+async fn a_version_5_schema_with_events_in_its_third_leaf_upgrades_and_its_events_run() {
+    let Some(pool) = pool().await else { return };
+    let name = TestSchema::random_name();
+    let _guard = TestSchema::adopt(&name);
+    let q = format!("\"{name}\"");
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::raw_sql(&format!(
+        "CREATE SCHEMA {q}; SET LOCAL search_path TO {q}, pg_catalog; {} {} {} {} {} \
+         INSERT INTO meta (key, value) VALUES ('schema_version', '5'); \
+         UPDATE ring SET phase = CASE leaf WHEN 3 THEN 'filling' WHEN 1 THEN 'draining' \
+                                 ELSE 'empty' END; \
+         INSERT INTO events (id, run_at, notified_at, created_at, updated_at, max_attempts, \
+                             tenant, handler, payload, leaf) \
+         SELECT gen_random_uuid(), 0, 0, 0, 0, 3, 't', 'h', '{{}}', 1 + (i % 2) * 2 \
+         FROM generate_series(1, 10) AS i;",
+        include_str!("../migrations/0001_init.sql"),
+        include_str!("../migrations/0002_error_history.sql"),
+        include_str!("../migrations/0003_bounded_plans.sql"),
+        include_str!("../migrations/0004_id_key.sql"),
+        include_str!("../migrations/0005_ring.sql"),
+    ))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let store = PgStore::from_pool_unchecked(pool.clone(), &name).unwrap();
+    assert_eq!(store.migrate().await.unwrap(), (5, SCHEMA_VERSION));
+    let store = PgStore::from_pool(pool.clone(), &name).await.unwrap();
+    let per_leaf: Vec<(i16, i64)> = sqlx::query_as(&format!(
+        "SELECT leaf, count(*) FROM {q}.events GROUP BY leaf ORDER BY leaf"
+    ))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(per_leaf, vec![(0, 5), (1, 5)], "leaf 3's events went cold");
+    let ring: Vec<(i16, String)> =
+        sqlx::query_as(&format!("SELECT leaf, phase FROM {q}.ring ORDER BY leaf"))
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        ring,
+        vec![(1, "filling".to_string()), (2, "empty".to_string())],
+        "two leaves, the first filling in the third's place"
+    );
+    let ids: Vec<EventId> =
+        sqlx::query_scalar::<_, uuid::Uuid>(&format!("SELECT id FROM {q}.events ORDER BY id"))
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(EventId)
+            .collect();
+    let token = LeaseToken::new();
+    let claimed = store
+        .claim(&ids, &handlers(&["h"]), token, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 10);
+    let settles: Vec<Settle> = ids
+        .iter()
+        .map(|&id| Settle {
+            id,
+            token: Some(token),
+            finish: Finish::Delete,
+        })
+        .collect();
+    assert_eq!(store.settle(&settles).await.unwrap(), vec![true; 10]);
+    store.upkeep().await.expect("the ring of two turns");
+}
+
 #[tokio::test]
 async fn an_unmigrated_schema_is_a_clear_error_naming_the_command() {
     let Some(pool) = pool().await else { return };
