@@ -13,7 +13,6 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0003_bounded_plans.sql"),
     include_str!("../migrations/0004_id_key.sql"),
     include_str!("../migrations/0005_ring.sql"),
-    include_str!("../migrations/0006_ring_of_two.sql"),
 ];
 
 /// The newest schema version this build knows.

@@ -31,7 +31,7 @@ const ROWS: i64 = 50_000;
 const BATCH: i64 = 512;
 
 /// Inserts `n` due, pending events straight into the schema, spread over
-/// every leaf (events_cold and the ring's two).
+/// every leaf (events_cold and the ring's three).
 async fn load(conn: &mut PgConnection, q: &str, n: i64) {
     conn.execute(
         format!(
@@ -39,7 +39,7 @@ async fn load(conn: &mut PgConnection, q: &str, n: i64) {
                max_attempts, tenant, handler, payload, idempotency_key, leaf) \
              SELECT gen_random_uuid(), 0, 0, 0, 0, 5, 't' || (i % 4), 'h' || (i % 8), \
                     '{{\"i\":' || i || '}}', CASE WHEN i % 10 = 0 THEN gen_random_uuid()::text END, \
-                    i % 3 \
+                    i % 4 \
              FROM generate_series(1, {n}) AS i"
         )
         .as_str(),
