@@ -13,7 +13,9 @@
 #   OUT=/tmp/lh-before LABEL=main DURATION=240 HOLD=60 bench/long-horizon.sh
 #
 # Environment: DURATION (s, default 300), RATE (events/s, 9000), HOLD (s,
-# 120), HOLD_AT (s, a third in), HANDLERS (32), WORK_MS (1), PORT (54329),
+# 120), HOLD_AT (s, a third in), HANDLERS (32), WORK_MS (1), CLAIM_AHEAD
+# (events claimed ahead of free handler slots; default the worker's, as
+# many as HANDLERS; 0 claims only for free slots), PORT (54329),
 # OUT (directory for CSV, chart, log and the server log; default
 # ./long-horizon-out), LABEL (for the chart's title), PG_BIN, BIN (a
 # long-horizon binary built elsewhere, for example from an older commit),
@@ -91,6 +93,7 @@ URL=postgres://postgres@127.0.0.1:$PORT/postgres
 echo "cluster $DATA (pid $PID) on port $PORT; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 "$BIN" --store "$URL" --rate "$RATE" --duration "$DURATION" --hold "$HOLD" \
   --hold-at "$HOLD_AT" --handlers "$HANDLERS" --work-ms "$WORK_MS" \
+  ${CLAIM_AHEAD:+--claim-ahead "$CLAIM_AHEAD"} \
   --csv "$OUT/long-horizon.csv" --chart "$OUT/long-horizon.svg" --label "$LABEL" \
   | tee "$OUT/long-horizon.log"
 grep -E "automatic (vacuum|analyze)" "$OUT/postgres.log" | sed 's/^/server: /' | cut -c1-200 || true

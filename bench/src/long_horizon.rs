@@ -41,6 +41,10 @@ struct Args {
     /// Handlers running at once.
     #[arg(long, default_value_t = 32)]
     handlers: usize,
+    /// Events the worker claims ahead of free handler slots (default: the
+    /// worker's, as many as `--handlers`; 0: claim only for free slots).
+    #[arg(long)]
+    claim_ahead: Option<usize>,
     /// Milliseconds each handler takes.
     #[arg(long, default_value_t = 1)]
     work_ms: u64,
@@ -169,7 +173,10 @@ async fn main() {
                 tokio::time::sleep(work).await;
             }
         })
-        .configure(|c| c.concurrency = args.handlers)
+        .configure(|c| {
+            c.concurrency = args.handlers;
+            c.claim_ahead = args.claim_ahead;
+        })
         .start();
 
     // The producer: a batch every emit_batch / rate seconds, each emit on a

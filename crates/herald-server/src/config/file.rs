@@ -41,6 +41,7 @@ pub(super) struct FileConfig {
 pub(super) struct WorkerSection {
     pub(super) concurrency: Option<u64>,
     pub(super) batch: Option<u64>,
+    pub(super) claim_ahead: Option<u64>,
     pub(super) lease: Option<Dur>,
     pub(super) sweep_every: Option<Dur>,
     pub(super) sweep_quiet: Option<Dur>,

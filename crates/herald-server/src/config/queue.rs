@@ -314,7 +314,7 @@ fn pubsub_settings(
         Some(n) => {
             return Err(err(
                 "pubsub_max_outstanding",
-                format!("{n} is not a usable number of outstanding messages: write a whole number from 1 ({} is the default; it must cover the worker's concurrency and batch)", herald_pubsub::DEFAULT_MAX_OUTSTANDING),
+                format!("{n} is not a usable number of outstanding messages: write a whole number from 1 ({} is the default; it must cover the worker's concurrency and claim_ahead)", herald_pubsub::DEFAULT_MAX_OUTSTANDING),
             ))
         }
     };

@@ -144,6 +144,10 @@ fn resolve_worker(
     if let Some(n) = w.batch {
         worker.batch = usize::try_from(n).map_err(|_| too_large("worker.batch", n))?;
     }
+    if let Some(n) = w.claim_ahead {
+        worker.claim_ahead =
+            Some(usize::try_from(n).map_err(|_| too_large("worker.claim_ahead", n))?);
+    }
     if let Some(Dur(d)) = w.lease {
         worker.lease = d;
     }

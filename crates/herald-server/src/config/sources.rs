@@ -73,6 +73,11 @@ pub(super) const ENV_KEYS: &[(&str, &str, Kind)] = &[
         Kind::Integer,
     ),
     ("HERALD_WORKER_BATCH", "worker.batch", Kind::Integer),
+    (
+        "HERALD_WORKER_CLAIM_AHEAD",
+        "worker.claim_ahead",
+        Kind::Integer,
+    ),
     ("HERALD_WORKER_LEASE", "worker.lease", Kind::Text),
     (
         "HERALD_WORKER_SWEEP_EVERY",

@@ -101,6 +101,7 @@ fn every_section_is_read() {
         max_batch = 10
         [worker]
         batch = 5
+        claim_ahead = 2
         sweep_every = "1s"
         sweep_quiet = "2m"
         dead_retention = "1d"
@@ -130,6 +131,7 @@ fn every_section_is_read() {
         (1000, 5000, 10)
     );
     assert_eq!(c.worker.batch, 5);
+    assert_eq!(c.worker.claim_ahead, Some(2));
     assert_eq!(c.worker.sweep_quiet, Duration::from_secs(120));
     assert_eq!(c.worker.done_retention, Some(Duration::from_secs(3600)));
     assert!(!c.worker.reconcile);

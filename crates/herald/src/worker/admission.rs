@@ -14,16 +14,16 @@ use crate::model::{EventId, LeaseToken, Notification};
 use crate::queue::{Delivery, DeliveryTag};
 use crate::store::{Settle, StoreResult};
 
-/// Takes batches of notifications while slots are free, until told to stop.
+/// Takes batches of notifications while claims are free, until told to stop.
 pub(super) async fn receive_loop(shared: Arc<WorkerState>, ended: mpsc::UnboundedSender<Ended>) {
     let mut pause = Duration::from_millis(50);
     loop {
-        let mut slots = tokio::select! {
-            p = free_slots(&shared) => p,
+        let mut claims = tokio::select! {
+            p = free_claims(&shared) => p,
             _ = shared.stop_receiving.cancelled() => return,
         };
-        let held = slots.num_permits();
-        let room = (held + shared.slots.available_permits()).min(shared.config.batch);
+        let held = claims.num_permits();
+        let room = (held + shared.claims.available_permits()).min(shared.config.batch);
         let received = tokio::select! {
             r = shared.queue.receive(room) => r,
             _ = shared.stop_receiving.cancelled() => return,
@@ -62,45 +62,45 @@ pub(super) async fn receive_loop(shared: Arc<WorkerState>, ended: mpsc::Unbounde
         }
         let n = deliveries.len();
         if n > held {
-            // Only this loop takes slots, so the ones counted above are still free.
+            // Only this loop takes claims, so the ones counted above are still free.
             let more = shared
-                .slots
+                .claims
                 .clone()
                 .try_acquire_many_owned((n - held) as u32)
-                .expect("free slots were counted by this loop");
-            slots.merge(more);
+                .expect("free claims were counted by this loop");
+            claims.merge(more);
         } else if n < held {
-            drop(slots.split(held - n));
+            drop(claims.split(held - n));
         }
         shared.tasks.spawn(admit_batch(
             shared.clone(),
             deliveries,
-            slots,
+            claims,
             ended.clone(),
         ));
     }
 }
 
-/// How long to wait for slots to free up into a worthwhile batch.
+/// How long to wait for claims to free up into a worthwhile batch.
 const LINGER: Duration = Duration::from_millis(1);
 
-/// Waits for a free slot. When slots are scarce (the worker is busy), waits
-/// up to [`LINGER`] for a quarter of a batch to free up, so that a busy
-/// worker claims in batches rather than one event per store call as each
-/// run ends. An idle worker has slots to spare and never lingers.
-async fn free_slots(shared: &WorkerState) -> OwnedSemaphorePermit {
+/// Waits for a free claim. When claims are scarce (the worker is busy),
+/// waits up to [`LINGER`] for a quarter of a batch to free up, so that a
+/// busy worker claims in batches rather than one event per store call as
+/// each run ends. An idle worker has claims to spare and never lingers.
+async fn free_claims(shared: &WorkerState) -> OwnedSemaphorePermit {
     let want = (shared.config.batch.min(shared.config.concurrency) / 4).max(1) as u32;
-    let slots = shared.slots.clone();
-    if let Ok(p) = slots.clone().try_acquire_many_owned(want) {
+    let claims = shared.claims.clone();
+    if let Ok(p) = claims.clone().try_acquire_many_owned(want) {
         return p;
     }
-    if let Ok(p) = tokio::time::timeout(LINGER, slots.clone().acquire_many_owned(want)).await {
-        return p.expect("the slot semaphore is never closed");
+    if let Ok(p) = tokio::time::timeout(LINGER, claims.clone().acquire_many_owned(want)).await {
+        return p.expect("the claim semaphore is never closed");
     }
-    slots
+    claims
         .acquire_owned()
         .await
-        .expect("the slot semaphore is never closed")
+        .expect("the claim semaphore is never closed")
 }
 
 /// Claims a batch in one store call; runs what was claimed; asks the store
@@ -108,7 +108,7 @@ async fn free_slots(shared: &WorkerState) -> OwnedSemaphorePermit {
 async fn admit_batch(
     shared: Arc<WorkerState>,
     deliveries: Vec<Delivery>,
-    mut slots: OwnedSemaphorePermit,
+    mut claims: OwnedSemaphorePermit,
     ended: mpsc::UnboundedSender<Ended>,
 ) {
     shared.record(RunEvent::Received(deliveries.len()));
@@ -149,13 +149,14 @@ async fn admit_batch(
             return requeue_all(&shared, notes, decision::store_failed(&policy)).await;
         }
     };
+    shared.record(RunEvent::Claimed(claimed.len()));
     let mut claimed: HashMap<EventId, _> = claimed.into_iter().map(|e| (e.id, e)).collect();
     let mut rest = Vec::new();
     for (id, tag) in notes {
         match claimed.remove(&id) {
             Some(event) => {
-                let slot = slots.split(1).expect("one slot per delivery");
-                run::start(&shared, event, token, tag, slot, ended.clone());
+                let claim = claims.split(1).expect("one claim per delivery");
+                run::start(&shared, event, token, tag, claim, ended.clone());
             }
             None => rest.push((id, tag)),
         }

@@ -106,6 +106,13 @@ impl WorkerBuilder {
         self
     }
 
+    /// Most events claimed ahead of free handler slots (see
+    /// [`WorkerConfig::claim_ahead`]); 0 claims only for free slots.
+    pub fn claim_ahead(mut self, n: usize) -> Self {
+        self.config.claim_ahead = Some(n);
+        self
+    }
+
     /// How long a claim lasts without renewal, at least [`MIN_LEASE`](super::MIN_LEASE).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.config.lease = lease;
@@ -168,7 +175,15 @@ impl WorkerBuilder {
             handler_names: names,
             instruments,
             observer: self.observer,
-            slots: Arc::new(Semaphore::new(config.concurrency)),
+            claims: Arc::new(Semaphore::new(
+                config
+                    .concurrency
+                    .saturating_add(config.claim_ahead())
+                    .min(Semaphore::MAX_PERMITS),
+            )),
+            slots: Arc::new(Semaphore::new(
+                config.concurrency.min(Semaphore::MAX_PERMITS),
+            )),
             runs: Mutex::new(HashMap::new()),
             stats: WorkerStats::default(),
             stop_receiving: CancellationToken::new(),
@@ -209,7 +224,8 @@ pub struct Worker {
 /// What [`Worker::shutdown`] did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ShutdownReport {
-    /// Runs in flight when shutdown began.
+    /// Runs in flight when shutdown began (events claimed ahead and
+    /// waiting for a handler slot count).
     pub in_flight: usize,
     /// Runs cancelled after the grace period (or by a second signal) and
     /// released: snoozed for 0, attempt given back.
@@ -250,7 +266,8 @@ impl Worker {
         self.shared.stats.snapshot()
     }
 
-    /// Runs in flight now.
+    /// Runs in flight now: events this worker holds claimed, running or
+    /// claimed ahead and waiting for a handler slot, until they are settled.
     pub fn in_flight(&self) -> usize {
         self.shared.runs.lock().expect("runs lock").len()
     }

@@ -20,6 +20,17 @@ pub struct WorkerConfig {
     /// Most notifications taken from the queue (and claimed) per batch, at
     /// least 1. Default 512.
     pub batch: usize,
+    /// Most events claimed ahead of a free handler slot, held in the worker
+    /// (their leases renewed, their notifications extended) until a handler
+    /// ends and one of them starts. While one round of handlers runs, the
+    /// next is claimed, so a slot that frees up starts its next event at
+    /// once instead of after a claim's round trip. `None` (default): as
+    /// many as `concurrency`. `Some(0)` claims only for free slots. The
+    /// trade: an event claimed ahead waits for a handler of this worker even
+    /// if another worker is idle; with handlers that run for minutes, set a
+    /// small number or 0. A shutdown treats them as runs: they start within
+    /// its grace period or are released with the attempt given back.
+    pub claim_ahead: Option<usize>,
     /// How long a claim lasts without renewal, at least [`MIN_LEASE`].
     /// Renewed every `lease / 3` (the heartbeat). Default 9 s: a killed
     /// worker's events run again about 9 s after the kill, and a store that
@@ -54,6 +65,7 @@ impl Default for WorkerConfig {
         WorkerConfig {
             concurrency: 64,
             batch: 512,
+            claim_ahead: None,
             lease: DEFAULT_LEASE,
             policy: Policy::default(),
             sweep_every: Duration::from_secs(3),
@@ -143,6 +155,12 @@ impl WorkerConfigError {
 }
 
 impl WorkerConfig {
+    /// How many events may be claimed ahead of free handler slots:
+    /// [`WorkerConfig::claim_ahead`], or `concurrency` when it is `None`.
+    pub fn claim_ahead(&self) -> usize {
+        self.claim_ahead.unwrap_or(self.concurrency)
+    }
+
     /// Checks that a worker can run with this configuration: the first
     /// value it cannot run with is the error.
     pub fn validate(&self) -> Result<(), WorkerConfigError> {

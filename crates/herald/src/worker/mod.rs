@@ -2,9 +2,11 @@
 //!
 //! The public API (builder, worker, shutdown, observer) is in `api.rs`, the
 //! configuration and its checks in `config.rs`. Tasks of one worker:
-//! - `receive` takes notifications in batches, claims them in one store
-//!   call, and answers the ones it could not claim (`admission.rs`);
-//! - one task per claimed event runs its handler (`run.rs`);
+//! - `receive` takes notifications in batches while claims are free,
+//!   claims them in one store call, and answers the ones it could not claim
+//!   (`admission.rs`);
+//! - one task per claimed event waits for a handler slot and runs its
+//!   handler (`run.rs`);
 //! - `settle` group-commits the ends of runs and answers their
 //!   notifications (`settle.rs`);
 //! - `heartbeat` renews every lease in one call every `lease / 3` and
@@ -69,6 +71,12 @@ pub(crate) struct WorkerState {
     /// Metric handles per handler name.
     instruments: HashMap<String, Arc<Instruments>>,
     observer: Option<Arc<dyn RunObserver>>,
+    /// One permit per event this worker may hold claimed and not yet ended:
+    /// `concurrency + claim_ahead`. Taken before a notification is
+    /// received, returned when its handler ends.
+    claims: Arc<Semaphore>,
+    /// One permit per running handler: `concurrency`. Taken by a claimed
+    /// event's task before its handler starts.
     slots: Arc<Semaphore>,
     runs: Mutex<HashMap<LeaseRef, RunEntry>>,
     stats: WorkerStats,

@@ -7,24 +7,27 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::FutureExt;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio_util::sync::CancellationToken;
 
 use super::settle::Ended;
 use super::telemetry::RunEvent;
 use super::{RunEntry, WorkerState};
 use crate::decision::{Claimed, RunEnd};
-use crate::handler::{Context, Outcome};
+use crate::handler::{Context, Handler, Outcome};
 use crate::model::{Event, LeaseToken, Millis};
 use crate::queue::DeliveryTag;
 use crate::store::LeaseRef;
 
-/// Registers the lease with the heartbeat and spawns the handler. The slot is
-/// freed when the handler returns; the lease is renewed until the run is settled.
+/// Registers the lease with the heartbeat and spawns the run: it waits for a
+/// handler slot (an event claimed ahead waits here, its lease renewed), then
+/// calls the handler. The slot and the claim are freed when the handler
+/// returns; the lease is renewed until the run is settled.
 pub(super) fn start(
     shared: &Arc<WorkerState>,
     event: Event,
     token: LeaseToken,
     tag: DeliveryTag,
-    slot: OwnedSemaphorePermit,
+    claim: OwnedSemaphorePermit,
     to_settle: mpsc::UnboundedSender<Ended>,
 ) {
     let cancel = shared.cancel_runs.child_token();
@@ -35,7 +38,6 @@ pub(super) fn start(
         token,
     };
     let instruments = shared.instruments(&event.handler);
-    let waited = since(event.run_at);
     shared.runs.lock().expect("runs lock").insert(
         lease,
         RunEntry {
@@ -47,58 +49,43 @@ pub(super) fn start(
             instruments: instruments.clone(),
         },
     );
-    shared.record(RunEvent::Started {
-        handler: &instruments,
-        waited,
-    });
     let handler = shared.handlers.get(&event.handler).cloned();
     let shared = shared.clone();
     shared.clone().tasks.spawn(async move {
-        let started = Instant::now();
         let claimed = Claimed {
             lease,
             attempt: event.attempt,
             max_attempts: event.max_attempts,
         };
-        let cx = Context::new(
-            event.id,
-            event.tenant.clone(),
-            event.handler.clone(),
-            event.attempt,
-            event.max_attempts,
-            token,
-            cancel.clone(),
-        );
-        let (end, ran) = match handler {
-            // The claim only takes events of handlers this worker has.
-            None => (RunEnd::Returned(Outcome::retry(format!("no handler named {:?} here", event.handler))), None),
-            Some(h) => {
-                let call = AssertUnwindSafe(h.call(&event.payload, cx)).catch_unwind();
-                // Cancellation wins a tie: a handler that returns because it was
-                // cancelled has not finished its work.
-                let returned = tokio::select! {
-                    biased;
-                    _ = cancel.cancelled() => None,
-                    r = call => Some(r.unwrap_or_else(|panic| {
-                        Outcome::retry(format!("handler panicked: {}", panic_message(&*panic)))
-                    })),
-                };
-                let ran = started.elapsed();
-                let end = match returned {
-                    _ if lost.load(Ordering::Acquire) => RunEnd::LeaseLost,
-                    Some(outcome) => RunEnd::Returned(outcome),
-                    None => RunEnd::Cancelled,
-                };
-                (end, Some(ran))
+        // Cancellation (shutdown past its grace, a lost lease) wins a tie
+        // here too: an event that never started is released like a run.
+        let slot = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => None,
+            s = shared.slots.clone().acquire_owned() => Some(s.expect("the slot semaphore is never closed")),
+        };
+        let (end, ran) = match slot {
+            // Claimed ahead and ended before it started: released (or left to
+            // the lease's new holder) like a run that was cancelled.
+            None if lost.load(Ordering::Acquire) => (RunEnd::LeaseLost, None),
+            None => (RunEnd::Cancelled, None),
+            Some(slot) => {
+                shared.record(RunEvent::Started {
+                    handler: &instruments,
+                    waited: since(event.run_at),
+                });
+                let (end, ran) = call(handler, &event, token, &cancel, &lost).await;
+                shared.record(RunEvent::Ran {
+                    handler: &instruments,
+                    ran,
+                });
+                drop(slot);
+                (end, ran)
             }
         };
         ended.store(true, Ordering::Release);
-        shared.record(RunEvent::Ran {
-            handler: &instruments,
-            ran,
-        });
-        drop(slot);
-        tracing::debug!(event = %event.id, handler = %event.handler, attempt = event.attempt, ?end, elapsed = ?started.elapsed(), "run ended");
+        drop(claim);
+        tracing::debug!(event = %event.id, handler = %event.handler, attempt = event.attempt, ?end, ?ran, "run ended");
         // The settler outlives every run (shutdown waits for runs first).
         let _ = to_settle.send(Ended {
             tag,
@@ -108,6 +95,49 @@ pub(super) fn start(
             instruments,
         });
     });
+}
+
+/// Calls the event's handler: how the run ended, and how long the handler
+/// ran (`None`: there was no handler to call).
+async fn call(
+    handler: Option<Arc<dyn Handler>>,
+    event: &Event,
+    token: LeaseToken,
+    cancel: &CancellationToken,
+    lost: &AtomicBool,
+) -> (RunEnd, Option<Duration>) {
+    let Some(h) = handler else {
+        // The claim only takes events of handlers this worker has.
+        let error = format!("no handler named {:?} here", event.handler);
+        return (RunEnd::Returned(Outcome::retry(error)), None);
+    };
+    let started = Instant::now();
+    let cx = Context::new(
+        event.id,
+        event.tenant.clone(),
+        event.handler.clone(),
+        event.attempt,
+        event.max_attempts,
+        token,
+        cancel.clone(),
+    );
+    let call = AssertUnwindSafe(h.call(&event.payload, cx)).catch_unwind();
+    // Cancellation wins a tie: a handler that returns because it was
+    // cancelled has not finished its work.
+    let returned = tokio::select! {
+        biased;
+        _ = cancel.cancelled() => None,
+        r = call => Some(r.unwrap_or_else(|panic| {
+            Outcome::retry(format!("handler panicked: {}", panic_message(&*panic)))
+        })),
+    };
+    let ran = started.elapsed();
+    let end = match returned {
+        _ if lost.load(Ordering::Acquire) => RunEnd::LeaseLost,
+        Some(outcome) => RunEnd::Returned(outcome),
+        None => RunEnd::Cancelled,
+    };
+    (end, Some(ran))
 }
 
 /// How long ago `run_at` was, by the local wall clock, to the microsecond

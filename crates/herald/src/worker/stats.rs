@@ -30,7 +30,8 @@ counters! {
     received,
     /// Messages on the queue that were not notifications; dropped.
     garbage,
-    /// Claims won: handler runs started.
+    /// Claims won (an event claimed ahead of a free slot counts when
+    /// claimed, before its handler starts).
     claimed,
     /// Runs that finished done.
     done,

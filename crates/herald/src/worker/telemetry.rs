@@ -65,7 +65,9 @@ pub(super) enum RunEvent<'a> {
     Received(usize),
     /// Messages on the queue that were not notifications.
     Garbage(usize),
-    /// A claim was won and the run of `handler` started, `waited` after its `run_at`.
+    /// Claims won in one store call.
+    Claimed(usize),
+    /// The run of `handler` started, `waited` after its `run_at`.
     Started {
         handler: &'a Instruments,
         waited: Duration,
@@ -102,13 +104,13 @@ impl WorkerState {
         match event {
             RunEvent::Received(n) => add(&stats.received, n),
             RunEvent::Garbage(n) => add(&stats.garbage, n),
+            RunEvent::Claimed(n) => add(&stats.claimed, n),
             RunEvent::Started { handler, waited } => {
                 handler.emit_to_start.record(waited.as_secs_f64());
                 handler.in_flight.increment(1.0);
                 if let Some(observer) = &self.observer {
                     observer.started(&handler.name, waited);
                 }
-                add(&stats.claimed, 1);
             }
             RunEvent::Ran { handler, ran } => {
                 if let Some(ran) = ran {

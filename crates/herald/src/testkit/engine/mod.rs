@@ -7,6 +7,7 @@
 //! that look inside the in-process queue (how many notifications wait) are
 //! made only on it.
 
+mod ahead;
 mod failures;
 mod intake;
 mod leases;
@@ -16,6 +17,7 @@ mod runs;
 mod shutdown;
 
 // The suite macro names every scenario as `engine::<name>`.
+pub use ahead::*;
 pub use failures::*;
 pub use intake::*;
 pub use leases::*;
@@ -27,6 +29,7 @@ pub use shutdown::*;
 use std::any::Any;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -149,6 +152,51 @@ impl Rig {
 
     fn worker(&self) -> Worker {
         self.builder().start()
+    }
+
+    /// A worker (configured by `edit`) whose `slow` handler counts its
+    /// starts in `started` and runs until it is cancelled.
+    fn waits_for_cancel(
+        &self,
+        started: Arc<AtomicUsize>,
+        edit: impl FnOnce(&mut WorkerConfig),
+    ) -> Worker {
+        self.builder()
+            .configure(edit)
+            .handler("slow", move |_: serde_json::Value, cx: Context| {
+                let started = started.clone();
+                async move {
+                    started.fetch_add(1, Ordering::SeqCst);
+                    cx.cancelled().await;
+                }
+            })
+            .start()
+    }
+
+    /// Checks that each of `ids` was released by a cancel (attempt given
+    /// back, no lease, pending), then that a new worker runs each once, on
+    /// its first attempt, and the store ends empty.
+    async fn released_then_run_once(&self, ids: &[EventId]) {
+        for id in ids {
+            let e = self.store.get(*id).await.unwrap().expect("kept");
+            assert_eq!(e.attempt, 0, "the cancelled attempt was given back");
+            assert!(e.lease.is_none(), "the lease was released");
+            assert_eq!(e.state, EventState::Pending);
+        }
+        let ledger = self.ledger.clone();
+        let next = self
+            .builder()
+            .handler("slow", move |_: serde_json::Value, cx: Context| {
+                let ledger = ledger.clone();
+                async move { ledger.record(cx.event_id, cx.attempt) }
+            })
+            .start();
+        for id in ids {
+            self.runs_once(*id).await;
+            assert_eq!(self.ledger.attempts_of(*id), vec![1]);
+        }
+        assert_eq!(self.stored().await, 0);
+        next.shutdown(SOON).await;
     }
 
     /// Waits until `w` has led and finished its first sweep. The in-process

@@ -7,7 +7,6 @@ use std::time::Duration;
 use super::{Rig, SOON};
 use crate::client::EmitOptions;
 use crate::handler::Context;
-use crate::model::EventState;
 use crate::store::Store;
 use crate::testkit::eventually;
 
@@ -52,17 +51,7 @@ pub async fn shutdown_within_grace_lets_handlers_finish(store: Arc<dyn Store>) {
 pub async fn shutdown_past_grace_snoozes_and_the_next_worker_runs_them(store: Arc<dyn Store>) {
     let rig = Rig::new(store).await;
     let started = Arc::new(AtomicUsize::new(0));
-    let s = started.clone();
-    let first = rig
-        .builder()
-        .handler("slow", move |_: serde_json::Value, cx: Context| {
-            let s = s.clone();
-            async move {
-                s.fetch_add(1, Ordering::SeqCst);
-                cx.cancelled().await;
-            }
-        })
-        .start();
+    let first = rig.waits_for_cancel(started.clone(), |_| {});
     let mut ids = Vec::new();
     for _ in 0..3 {
         ids.push(rig.emit_to("slow", EmitOptions::default()).await);
@@ -74,26 +63,7 @@ pub async fn shutdown_past_grace_snoozes_and_the_next_worker_runs_them(store: Ar
     .await;
     let report = first.shutdown(Duration::from_millis(200)).await;
     assert_eq!(report.cancelled, 3);
-    for id in &ids {
-        let e = rig.store.get(*id).await.unwrap().expect("kept");
-        assert_eq!(e.attempt, 0, "the cancelled attempt was given back");
-        assert!(e.lease.is_none(), "the lease was released");
-        assert_eq!(e.state, EventState::Pending);
-    }
-    let ledger = rig.ledger.clone();
-    let second = rig
-        .builder()
-        .handler("slow", move |_: serde_json::Value, cx: Context| {
-            let ledger = ledger.clone();
-            async move { ledger.record(cx.event_id, cx.attempt) }
-        })
-        .start();
-    for id in &ids {
-        rig.runs_once(*id).await;
-        assert_eq!(rig.ledger.attempts_of(*id), vec![1]);
-    }
-    assert_eq!(rig.stored().await, 0);
-    second.shutdown(SOON).await;
+    rig.released_then_run_once(&ids).await;
 }
 
 /// A second signal during a long grace period cancels the running handlers
@@ -101,17 +71,7 @@ pub async fn shutdown_past_grace_snoozes_and_the_next_worker_runs_them(store: Ar
 pub async fn second_signal_cancels_at_once(store: Arc<dyn Store>) {
     let rig = Rig::new(store).await;
     let started = Arc::new(AtomicUsize::new(0));
-    let s = started.clone();
-    let w = rig
-        .builder()
-        .handler("slow", move |_: serde_json::Value, cx: Context| {
-            let s = s.clone();
-            async move {
-                s.fetch_add(1, Ordering::SeqCst);
-                cx.cancelled().await;
-            }
-        })
-        .start();
+    let w = rig.waits_for_cancel(started.clone(), |_| {});
     let a = rig.emit_to("slow", EmitOptions::default()).await;
     let b = rig.emit_to("slow", EmitOptions::default()).await;
     eventually("both start", SOON, || {
