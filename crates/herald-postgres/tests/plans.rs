@@ -6,6 +6,9 @@
 //! that reads `events` must be an index scan of a unique index with an index
 //! condition (one row per id of the batch, in id order), or a bitmap scan of
 //! `events_pkey` by the batch's ids.
+//!
+//! `PLANS=print cargo test -p herald-postgres --test plans -- --nocapture`
+//! prints every plan's shape.
 
 use herald_postgres::testing;
 use serde_json::Value;
@@ -160,6 +163,23 @@ fn violations(node: &Value, out: &mut Vec<String>) {
     }
 }
 
+/// A plan in one line, for reading: each node's type, the relation and the
+/// index it reads, and its children in brackets.
+fn shape(node: &Value) -> String {
+    let mut s = node["Node Type"].as_str().unwrap_or("?").to_string();
+    if let Some(rel) = node["Relation Name"].as_str() {
+        s += &format!(" {rel}");
+    }
+    if let Some(index) = node["Index Name"].as_str() {
+        s += &format!(" using {index}");
+    }
+    if let Some(children) = node["Plans"].as_array() {
+        let inner: Vec<String> = children.iter().map(shape).collect();
+        s += &format!(" [{}]", inner.join(", "));
+    }
+    s
+}
+
 /// Ways the statistics can be: each is set up on a truncated table.
 const STATISTICS: &[&str] = &[
     "fresh",
@@ -276,6 +296,10 @@ async fn hot_statements_stay_bounded_by_the_batch_under_any_statistics() {
                 }
                 for (what, plan) in plans {
                     checked += 1;
+                    // PLANS=print: every plan's shape, for reading (issue 11's note).
+                    if std::env::var_os("PLANS").is_some_and(|v| v == "print") {
+                        println!("{what} [{how}, {mode}]: {}", shape(&plan));
+                    }
                     let mut v = Vec::new();
                     violations(&plan, &mut v);
                     if !v.is_empty() {

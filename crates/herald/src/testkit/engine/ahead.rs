@@ -82,9 +82,12 @@ pub async fn claimed_ahead_events_keep_their_leases_while_they_wait(store: Arc<d
         );
         assert_eq!(w.stats().lease_lost, 0, "a lease lapsed while it waited");
     }
+    // Held counts runs until they are settled, so a run that ended and
+    // waits for its settle can push it past 2 + 4: only the lower bound is
+    // the claim's.
     assert!(
-        (3..=6).contains(&most_held),
-        "a worker held {most_held} events at most: none claimed ahead, or more than 2 + 4"
+        most_held >= 3,
+        "a worker held {most_held} events at most: none was claimed ahead"
     );
     a.shutdown(SOON).await;
     b.shutdown(SOON).await;
