@@ -504,9 +504,13 @@ impl Queue for NatsQueue {
             .iter()
             .map(|p| {
                 let n = self.generation.fetch_add(1, Ordering::Relaxed);
+                // The first event names the message; the rest are counted.
+                let ids = &p.notification.event_ids;
+                let first = ids.first().map(ToString::to_string).unwrap_or_default();
                 let id = format!(
-                    "{}:{}:{ms}-{n}",
-                    p.notification.tenant, p.notification.event_id
+                    "{}:{first}+{}:{ms}-{n}",
+                    p.notification.tenant,
+                    ids.len().saturating_sub(1)
                 );
                 (p.notification.encode(), p.delay, id)
             })

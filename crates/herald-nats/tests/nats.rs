@@ -38,10 +38,7 @@ fn config_error(r: Result<NatsQueue, QueueError>) -> String {
 
 fn note() -> Publish {
     Publish {
-        notification: Notification {
-            tenant: "t".into(),
-            event_id: EventId::new(),
-        },
+        notification: Notification::one("t", EventId::new()),
         delay: Duration::ZERO,
     }
 }
@@ -252,10 +249,7 @@ async fn a_delay_longer_than_the_ack_wait_is_kept() {
     else {
         return;
     };
-    let note = Notification {
-        tenant: "acme".into(),
-        event_id: EventId::new(),
-    };
+    let note = Notification::one("acme", EventId::new());
     let start = std::time::Instant::now();
     queue
         .publish(&[Publish {

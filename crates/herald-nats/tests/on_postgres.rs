@@ -195,10 +195,11 @@ const EVENTS: usize = 100_000;
 /// PostgreSQL pool and NATS connection, as two processes would have), and a
 /// reconciler that sweeps every 200 ms with a quiet period of 1 s.
 ///
-/// Emitting publishes one notification per event even though the handler is
-/// paused: the emit does not look at rules. That traffic is expected: each
-/// notification is delivered once, a worker drops it at PauseCheck (ack),
-/// and the sweep later parks the event. Once that has settled, a paused
+/// Emitting publishes notifications even though the handler is paused (one
+/// per 64 events of each batch emit, the default `MessageLimits`): the emit
+/// does not look at rules. That traffic is expected: each notification is
+/// delivered once, a worker drops its events at PauseCheck (ack), and the
+/// sweep later parks the events. Once that has settled, a paused
 /// handler causes no notification traffic at all: over ten reconciler
 /// passes no message is published and none is delivered, and no event is
 /// claimed.
@@ -281,15 +282,17 @@ async fn a_paused_handler_with_100k_events_causes_no_notification_traffic_then_u
     let parked_in = started.elapsed() - emitted_in;
     eprintln!("all parked {parked_in:?} later");
     let before = traffic(&queue).await;
-    // One notification per emit and nothing else: the sweep published none.
+    // The emits' notifications and nothing else: the sweep published none.
+    let per_emit = 1000usize.div_ceil(herald::MessageLimits::default().ids);
+    let messages = (EVENTS / 1000 * per_emit) as u64;
     assert_eq!(
         before,
         Traffic {
             messages: 0,
-            last_sequence: EVENTS as u64,
-            delivered_stream: EVENTS as u64,
+            last_sequence: messages,
+            delivered_stream: messages,
             delivered_consumer: before.delivered_consumer,
-            ack_floor_stream: EVENTS as u64,
+            ack_floor_stream: messages,
             num_pending: 0,
             num_ack_pending: 0,
         }
@@ -380,23 +383,28 @@ async fn a_paused_handler_with_100k_events_causes_no_notification_traffic_then_u
     assert_eq!(stored(store.as_ref()).await, 0);
     let done: u64 = workers.iter().map(|w| w.stats().done).sum();
     assert_eq!(done, EVENTS as u64);
-    // Every notification since the unpause began is the unpause's or the
-    // reconciler's, and between them they reached every event.
+    // The notifications since the unpause began are the unpause's and the
+    // reconciler's (and the workers' requeues of events they found under a
+    // live lease), grouped up to 64 events each: between them they reached
+    // every event, in far fewer messages than events.
     let end = traffic(&queue).await;
     let published = end.last_sequence - before.last_sequence;
-    let by_reconciler = reconciled(&workers);
-    assert_eq!(
-        published,
-        release.notified + by_reconciler,
-        "notifications published since the unpause: {end:?}"
+    let notified = release.notified + reconciled(&workers);
+    let ids = herald::MessageLimits::default().ids as u64;
+    assert!(
+        published * ids >= notified && notified >= EVENTS as u64,
+        "{published} messages cannot carry {notified} notified events: {end:?}"
     );
-    assert!(published >= EVENTS as u64, "{published} notifications");
+    assert!(
+        published * 10 < notified,
+        "{published} messages for {notified} notified events: not grouped"
+    );
     for w in workers {
         w.shutdown(Duration::from_secs(10)).await;
     }
     eprintln!(
-        "{published} notifications after the unpause ({} by the unpause, {by_reconciler} by \
-         the reconciler); total {:?}",
+        "{published} messages after the unpause, for {notified} notified events ({} by the \
+         unpause, the rest by the reconciler); total {:?}",
         release.notified,
         started.elapsed()
     );

@@ -2,7 +2,7 @@
 //! events when a rule is lifted.
 
 use herald::store::{Scheduled, StoreResult};
-use herald::{EventId, Millis, Notification, Rule, RuleKind, RuleMatch, StoreError};
+use herald::{EventId, Millis, Rule, RuleKind, RuleMatch, StoreError};
 use uuid::Uuid;
 
 use crate::rows::{limit_i64, Ctx, DbResult};
@@ -104,10 +104,8 @@ impl PgStore {
         Ok(page
             .into_iter()
             .map(|(id, run_at, now)| Scheduled {
-                notification: Notification {
-                    tenant: tenant.to_string(),
-                    event_id: EventId(id),
-                },
+                tenant: tenant.to_string(),
+                event_id: EventId(id),
                 delay: Millis(now).until(Millis(run_at)),
             })
             .collect())

@@ -708,7 +708,7 @@ async fn a_dead_workers_event_notified_long_ago_is_swept_too() {
     let got: Vec<EventId> = sweep(&f.store, quiet, 10)
         .await
         .into_iter()
-        .map(|s| s.notification.event_id)
+        .map(|s| s.event_id)
         .collect();
     assert_eq!(got, vec![id]);
     assert!(sweep(&f.store, quiet, 10).await.is_empty());
@@ -738,7 +738,7 @@ async fn a_sweep_pass_with_no_quiet_returns_each_due_event_once_and_ends() {
         pass = Some(page.pass);
         pages.push(page.due.len());
         for s in &page.due {
-            assert!(seen.insert(s.notification.event_id), "returned twice");
+            assert!(seen.insert(s.event_id), "returned twice");
         }
         if page.complete {
             break;

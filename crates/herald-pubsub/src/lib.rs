@@ -1,6 +1,6 @@
 //! herald's distributed queue on Google Cloud Pub/Sub, the broker herald's
 //! design was first written for: the store keeps the events, Pub/Sub
-//! carries only `{tenant, event_id}`, and its redelivery and deadlines do
+//! carries only notifications (a tenant and event ids), and its redelivery and deadlines do
 //! the scheduling.
 //!
 //! - One topic and one pull subscription shared by every worker, created at

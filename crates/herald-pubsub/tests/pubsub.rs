@@ -17,10 +17,7 @@ use herald_pubsub::{PubsubConfig, PubsubQueue, PullMode};
 fn notes(n: usize) -> Vec<Publish> {
     (0..n)
         .map(|_| Publish {
-            notification: Notification {
-                tenant: "t".into(),
-                event_id: EventId::new(),
-            },
+            notification: Notification::one("t", EventId::new()),
             delay: Duration::ZERO,
         })
         .collect()

@@ -2,7 +2,7 @@
 //! events when a rule is lifted.
 
 use herald::store::{Scheduled, StoreResult};
-use herald::{EventId, Millis, Notification, Rule, RuleKind, RuleMatch, StoreError};
+use herald::{EventId, Millis, Rule, RuleKind, RuleMatch, StoreError};
 use rusqlite::{params, Connection};
 
 use crate::rows::{after_blob, event_id, sql_limit, Ctx};
@@ -116,10 +116,8 @@ pub(crate) fn renotify_page(
     Ok(page
         .into_iter()
         .map(|(id, run_at)| Scheduled {
-            notification: Notification {
-                tenant: tenant.to_string(),
-                event_id: id,
-            },
+            tenant: tenant.to_string(),
+            event_id: id,
             delay: now.until(run_at),
         })
         .collect())

@@ -494,7 +494,7 @@ async fn renotify_stamps_notified_at_as_the_later_of_run_at_and_now() {
     loop {
         let page = f.store.renotify_page("t", "h", after, 1000).await.unwrap();
         let Some(last) = page.last() else { break };
-        after = Some(last.notification.event_id);
+        after = Some(last.event_id);
     }
     // Stamped: due ones at now, the delayed one at its run_at.
     let conn = raw(&f.path);
@@ -531,7 +531,7 @@ async fn sweep_parks_held_events_and_renotify_unparks_them() {
     f.store.add_rule(&block("blocked", "h")).await.unwrap();
     let got = sweep(&f.store, quiet, 1000).await;
     assert_eq!(got.len(), 1);
-    assert_eq!(got[0].notification.event_id, runnable);
+    assert_eq!(got[0].event_id, runnable);
     // Parked: the sweep will not read them again.
     for id in paused.iter().map(|e| e.id).chain([blocked]) {
         assert_eq!(notified_at(&f.path, id), i64::MAX);
@@ -583,7 +583,7 @@ async fn events_parked_under_a_rule_that_is_gone_are_unparked_by_the_sweep() {
     let got: HashSet<EventId> = sweep(&f.store, quiet, 100)
         .await
         .into_iter()
-        .map(|s| s.notification.event_id)
+        .map(|s| s.event_id)
         .collect();
     assert_eq!(got, held.iter().map(|e| e.id).collect());
     for e in &held {

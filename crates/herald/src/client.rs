@@ -299,19 +299,17 @@ impl Client {
     pub async fn notify_emitted(&self, events: &[NewEvent], emitted: &[Emitted]) {
         count_emitted(events, emitted);
         let now = Millis::now();
-        let publish: Vec<Publish> = events
+        let created = events
             .iter()
             .zip(emitted)
             .filter(|(_, e)| matches!(e, Emitted::Created(_)))
-            .map(|(ev, _)| Publish {
-                notification: crate::Notification {
-                    tenant: ev.tenant.clone(),
-                    event_id: ev.id,
-                },
+            .map(|(ev, _)| Scheduled {
+                tenant: ev.tenant.clone(),
+                event_id: ev.id,
                 delay: now.until(ev.run_at),
-            })
-            .collect();
-        self.notify(&publish).await;
+            });
+        self.notify(&Publish::group(created, self.queue.message_limits()))
+            .await;
     }
 
     fn validate(&self, r: EmitRequest, now: Millis) -> Result<NewEvent, ClientError> {
@@ -350,7 +348,8 @@ impl Client {
             return;
         }
         if let Err(e) = self.queue.publish(batch).await {
-            tracing::warn!(error = %e, events = batch.len(), "events stored but not notified; the reconciler will notify them");
+            let events: usize = batch.iter().map(|p| p.notification.event_ids.len()).sum();
+            tracing::warn!(error = %e, events, messages = batch.len(), "events stored but not notified; the reconciler will notify them");
         }
     }
 
@@ -415,9 +414,10 @@ impl Client {
                 .renotify_page(tenant, handler, after, RENOTIFY_PAGE)
                 .await?;
             let Some(last) = page.last() else { break };
-            after = Some(last.notification.event_id);
+            after = Some(last.event_id);
             release.notified += page.len() as u64;
-            self.notify(&publishes(page)).await;
+            self.notify(&Publish::group(page, self.queue.message_limits()))
+                .await;
         }
         Ok(release)
     }
@@ -427,7 +427,7 @@ impl Client {
     pub async fn retry_dead(&self, id: EventId) -> Result<bool, ClientError> {
         match self.store.revive(id).await? {
             Some(s) => {
-                self.notify(&publishes(vec![s])).await;
+                self.notify(&[Publish::from(s)]).await;
                 Ok(true)
             }
             None => Ok(false),
@@ -502,10 +502,6 @@ fn rule(tenant: &str, handler: &str, kind: RuleKind) -> Result<Rule, ClientError
         handler: handler.into(),
         kind,
     })
-}
-
-fn publishes(page: Vec<Scheduled>) -> Vec<Publish> {
-    page.into_iter().map(Publish::from).collect()
 }
 
 /// Adds the newly created events to `herald_events_emitted_total`, one

@@ -30,6 +30,17 @@
 //! | Process | the fence refused the write | nothing more | leave it | [`settle`]: [`Write::refused`] |
 //! | any | the store failed | write nothing | nack, short | [`store_failed`], [`Write::failed`] |
 //!
+//! A notification may name several events (a batched notification). Each
+//! event gets its own reply by the table above; [`close`] folds them into
+//! the one answer the message gets, once every event has its reply:
+//!
+//! | the events' replies | the message |
+//! |---|---|
+//! | any leave | leave it (it comes back after its deadline, and each event is looked at again) |
+//! | all ack | ack |
+//! | all nack | nack with the shortest delay |
+//! | some nack, the rest ack | publish a notification of one event per nack, with its delay, then ack |
+//!
 //! "LockClaim, lost" is [`Verdict::Claim`]: [`admit`] is asked only about
 //! events the claim statement just refused, so an event it finds claimable
 //! changed in between: another worker won it. The `HandlerCheck` and the
@@ -38,7 +49,7 @@
 use std::time::Duration;
 
 use crate::handler::Outcome;
-use crate::model::{Event, EventState, Millis, RuleMatch};
+use crate::model::{Event, EventId, EventState, Millis, RuleMatch};
 use crate::retry::RetryPolicy;
 use crate::store::{Finish, LeaseRef, Settle};
 
@@ -52,6 +63,38 @@ pub enum Reply {
     /// Do nothing: another worker owns the event now, and the notification's
     /// deadline will lapse on its own.
     Leave,
+}
+
+/// The one answer to the queue for a message, from its events' replies:
+/// see [`close`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Close {
+    /// Reply so for the whole message.
+    Reply(Reply),
+    /// Publish a notification of each of these events, after its delay;
+    /// once published, ack the message (if the publish fails, leave it).
+    RequeueThenAck(Vec<(EventId, Duration)>),
+}
+
+/// Process: how to answer a message once each of its events has its reply
+/// (the table in this module's documentation). A message of one event gets
+/// that event's reply.
+pub fn close(replies: &[(EventId, Reply)]) -> Close {
+    if replies.iter().any(|(_, r)| *r == Reply::Leave) {
+        return Close::Reply(Reply::Leave);
+    }
+    let requeue: Vec<(EventId, Duration)> = replies
+        .iter()
+        .filter_map(|&(id, r)| match r {
+            Reply::Nack(d) => Some((id, d)),
+            _ => None,
+        })
+        .collect();
+    match requeue.iter().map(|&(_, d)| d).min() {
+        None => Close::Reply(Reply::Ack),
+        Some(shortest) if requeue.len() == replies.len() => Close::Reply(Reply::Nack(shortest)),
+        Some(_) => Close::RequeueThenAck(requeue),
+    }
 }
 
 /// How a run's end was written to the store, as told to a
@@ -459,6 +502,40 @@ pub fn settle(run: Claimed, end: RunEnd, policy: &Policy, jitter: f64) -> Plan {
 mod tests {
     //! One test per row of the decision table, named after the row.
     use super::*;
+
+    #[test]
+    fn a_message_is_answered_by_the_fold_of_its_events_replies() {
+        let (a, b, c) = (EventId::new(), EventId::new(), EventId::new());
+        let ms = Duration::from_millis;
+        assert_eq!(close(&[(a, Reply::Ack)]), Close::Reply(Reply::Ack));
+        assert_eq!(
+            close(&[(a, Reply::Nack(ms(5)))]),
+            Close::Reply(Reply::Nack(ms(5)))
+        );
+        assert_eq!(close(&[(a, Reply::Leave)]), Close::Reply(Reply::Leave));
+        assert_eq!(
+            close(&[(a, Reply::Ack), (b, Reply::Ack), (c, Reply::Ack)]),
+            Close::Reply(Reply::Ack)
+        );
+        assert_eq!(
+            close(&[(a, Reply::Ack), (b, Reply::Leave), (c, Reply::Nack(ms(5)))]),
+            Close::Reply(Reply::Leave),
+            "a left event brings the whole message back"
+        );
+        assert_eq!(
+            close(&[(a, Reply::Nack(ms(50))), (b, Reply::Nack(ms(5)))]),
+            Close::Reply(Reply::Nack(ms(5))),
+            "all requeued: the message itself, at the shortest delay"
+        );
+        assert_eq!(
+            close(&[
+                (a, Reply::Ack),
+                (b, Reply::Nack(ms(50))),
+                (c, Reply::Nack(ms(5)))
+            ]),
+            Close::RequeueThenAck(vec![(b, ms(50)), (c, ms(5))])
+        );
+    }
     use crate::model::{EventId, Lease, LeaseToken};
 
     const NOW: Millis = Millis(1_000_000);

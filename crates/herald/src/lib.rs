@@ -23,7 +23,7 @@ pub use model::{
     AttemptError, Emitted, Event, EventId, EventState, Lease, LeaseToken, Millis, NewEvent,
     Notification, Rule, RuleKind, RuleMatch,
 };
-pub use queue::{Delivery, DeliveryTag, Publish, Queue, QueueError};
+pub use queue::{Delivery, DeliveryTag, MessageLimits, Publish, Queue, QueueError};
 pub use retry::{RetryPolicy, DEFAULT_MAX_ATTEMPTS};
 pub use store::{
     CappedCount, CountsQuery, EventFilter, HandlerCounts, Leadership, PendingSample, Store,

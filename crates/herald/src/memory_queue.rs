@@ -10,13 +10,14 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::queue::{Delivery, DeliveryTag, Publish, Queue, QueueResult};
+use crate::queue::{Delivery, DeliveryTag, MessageLimits, Publish, Queue, QueueResult};
 
 /// A delay queue in memory with ack deadlines, like a broker's.
 pub struct MemoryQueue {
     state: Mutex<State>,
     wake: Notify,
     ack_wait: Duration,
+    limits: MessageLimits,
 }
 
 #[derive(Default)]
@@ -94,7 +95,15 @@ impl MemoryQueue {
             state: Mutex::new(State::default()),
             wake: Notify::new(),
             ack_wait,
+            limits: MessageLimits::default(),
         }
+    }
+
+    /// Sets how large a notification publishers make for this queue (one
+    /// id per message turns batching off).
+    pub fn with_message_limits(mut self, limits: MessageLimits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// Messages held (ready, delayed and in flight).
@@ -226,6 +235,10 @@ impl Queue for MemoryQueue {
         None
     }
 
+    fn message_limits(&self) -> MessageLimits {
+        self.limits
+    }
+
     fn durable(&self) -> bool {
         false
     }
@@ -243,10 +256,7 @@ mod tests {
 
     fn note() -> Publish {
         Publish {
-            notification: Notification {
-                tenant: "t".into(),
-                event_id: EventId::new(),
-            },
+            notification: Notification::one("t", EventId::new()),
             delay: Duration::ZERO,
         }
     }

@@ -301,29 +301,106 @@ impl RuleMatch {
     }
 }
 
-/// What travels on the queue: "this event may be ready, look at it".
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// What travels on the queue: "these events of one tenant may be ready,
+/// look at them". The store is the truth; a notification only points.
+///
+/// Wire form, compact JSON: `{"tenant": string, "event_ids": [uuid, …]}`,
+/// or, for one event, `{"tenant": string, "event_id": uuid}`: the form
+/// every herald before batched notifications reads and writes. A worker
+/// reads both, so a fleet can be upgraded one process at a time; a
+/// publisher writes the one-id form for one event, so an old worker still
+/// reads every notification of one event.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Notification {
-    /// The event's tenant (for routing and logs; the id alone finds the event).
+    /// The events' tenant (for routing and logs; the id alone finds the event).
     pub tenant: String,
-    /// The event to look at.
-    pub event_id: EventId,
+    /// The events to look at: at least one, each once.
+    pub event_ids: Vec<EventId>,
 }
 
 /// Why a notification could not be read.
 #[derive(Debug, thiserror::Error)]
-#[error("notification is not valid JSON `{{\"tenant\": string, \"event_id\": uuid}}`: {0}")]
-pub struct BadNotification(#[from] serde_json::Error);
+pub enum BadNotification {
+    /// Not JSON of the right shape.
+    #[error("notification is not valid JSON `{{\"tenant\": string, \"event_ids\": [uuid, …]}}` or `{{\"tenant\": string, \"event_id\": uuid}}`: {0}")]
+    Json(#[from] serde_json::Error),
+    /// Both forms' fields, or neither, or an empty list.
+    #[error("notification names no event: it needs `event_ids` (a non-empty list) or `event_id`, not both")]
+    NoEvents,
+}
+
+/// Both wire forms, read as one.
+#[derive(Deserialize)]
+struct Wire {
+    tenant: String,
+    event_id: Option<EventId>,
+    event_ids: Option<Vec<EventId>>,
+}
+
+/// The one-id wire form, written for one event.
+#[derive(Serialize)]
+struct One<'a> {
+    tenant: &'a str,
+    event_id: EventId,
+}
+
+/// The list wire form.
+#[derive(Serialize)]
+struct Many<'a> {
+    tenant: &'a str,
+    event_ids: &'a [EventId],
+}
 
 impl Notification {
-    /// The wire form: compact JSON.
-    pub fn encode(&self) -> Vec<u8> {
-        serde_json::to_vec(self).expect("a notification always serializes")
+    /// A notification of one event.
+    pub fn one(tenant: impl Into<String>, id: EventId) -> Self {
+        Notification {
+            tenant: tenant.into(),
+            event_ids: vec![id],
+        }
     }
 
-    /// Reads the wire form; anything else is garbage.
+    /// The wire form: compact JSON, the one-id form for one event.
+    pub fn encode(&self) -> Vec<u8> {
+        let bytes = match self.event_ids.as_slice() {
+            [id] => serde_json::to_vec(&One {
+                tenant: &self.tenant,
+                event_id: *id,
+            }),
+            ids => serde_json::to_vec(&Many {
+                tenant: &self.tenant,
+                event_ids: ids,
+            }),
+        };
+        bytes.expect("a notification always serializes")
+    }
+
+    /// The size of [`Notification::encode`]'s output for `ids` events of
+    /// `tenant`, without encoding (for publishers that bound messages):
+    /// exact for two ids or more, an upper bound for one.
+    pub fn encoded_len(tenant: &str, ids: usize) -> usize {
+        // {"tenant":"…","event_ids":["…",…]}: an id is 36 characters and two
+        // quotes, plus a comma between ids. Tenant names need no escaping
+        // (they are checked at emit), so their length is their JSON length.
+        const FRAME: usize = r#"{"tenant":"","event_ids":[]}"#.len();
+        FRAME + tenant.len() + ids * 39 - usize::from(ids > 0)
+    }
+
+    /// Reads either wire form; anything else is garbage. Repeated ids are
+    /// kept once, in their first place.
     pub fn decode(bytes: &[u8]) -> Result<Self, BadNotification> {
-        Ok(serde_json::from_slice(bytes)?)
+        let wire: Wire = serde_json::from_slice(bytes)?;
+        let mut event_ids = match (wire.event_id, wire.event_ids) {
+            (Some(id), None) => vec![id],
+            (None, Some(ids)) if !ids.is_empty() => ids,
+            _ => return Err(BadNotification::NoEvents),
+        };
+        let mut seen = std::collections::HashSet::with_capacity(event_ids.len());
+        event_ids.retain(|id| seen.insert(*id));
+        Ok(Notification {
+            tenant: wire.tenant,
+            event_ids,
+        })
     }
 }
 
@@ -333,14 +410,46 @@ mod tests {
 
     #[test]
     fn notification_round_trips_and_rejects_garbage() {
-        let n = Notification {
+        let one = Notification::one("acme", EventId::new());
+        let many = Notification {
             tenant: "acme".into(),
-            event_id: EventId::new(),
+            event_ids: vec![EventId::new(), EventId::new(), EventId::new()],
         };
-        assert_eq!(Notification::decode(&n.encode()).unwrap(), n);
+        for n in [&one, &many] {
+            assert_eq!(&Notification::decode(&n.encode()).unwrap(), n);
+            assert!(n.encode().len() <= Notification::encoded_len("acme", n.event_ids.len()));
+        }
+        assert_eq!(many.encode().len(), Notification::encoded_len("acme", 3));
         assert!(Notification::decode(b"\xff\x00garbage").is_err());
         assert!(Notification::decode(br#"{"tenant":"a"}"#).is_err());
         assert!(Notification::decode(br#"{"tenant":"a","event_id":"nope"}"#).is_err());
+        assert!(Notification::decode(br#"{"tenant":"a","event_ids":[]}"#).is_err());
+        assert!(Notification::decode(br#"{"tenant":"a","event_ids":["nope"]}"#).is_err());
+    }
+
+    #[test]
+    fn one_event_is_written_in_the_form_older_workers_read() {
+        let id = EventId::new();
+        let n = Notification::one("acme", id);
+        assert_eq!(
+            String::from_utf8(n.encode()).unwrap(),
+            format!(r#"{{"tenant":"acme","event_id":"{id}"}}"#)
+        );
+    }
+
+    #[test]
+    fn both_forms_together_are_refused_and_repeated_ids_kept_once() {
+        let (a, b) = (EventId::new(), EventId::new());
+        let both = format!(r#"{{"tenant":"t","event_id":"{a}","event_ids":["{b}"]}}"#);
+        assert!(matches!(
+            Notification::decode(both.as_bytes()),
+            Err(BadNotification::NoEvents)
+        ));
+        let repeated = format!(r#"{{"tenant":"t","event_ids":["{a}","{b}","{a}"]}}"#);
+        assert_eq!(
+            Notification::decode(repeated.as_bytes()).unwrap().event_ids,
+            vec![a, b]
+        );
     }
 
     #[test]

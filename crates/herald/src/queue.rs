@@ -1,7 +1,8 @@
 //! The `Queue` trait: what carries notifications. At-least-once, possibly
-//! duplicated, possibly late; it holds no event data, only
-//! `{tenant, event_id}` as bytes.
+//! duplicated, possibly late; it holds no event data, only a
+//! [`Notification`] (a tenant and event ids) as bytes.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -70,10 +71,66 @@ pub struct Publish {
     pub delay: Duration,
 }
 
+/// How large one published notification may be: at most `ids` events and
+/// `bytes` bytes of its wire form ([`Notification::encode`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MessageLimits {
+    /// Most events per notification, at least 1. Default 64: a message
+    /// runs on one worker, so a batch emit of 128 still spreads over two,
+    /// and the broker sees 1/64 of the messages.
+    pub ids: usize,
+    /// Most bytes per notification. Default 8 KiB: 64 ids of a tenant name
+    /// of the longest (200 bytes) take about 2.7 KB; NATS takes up to 1 MB
+    /// per message by default, Pub/Sub 10 MB, and Pub/Sub bills at least
+    /// 1 KB per request.
+    pub bytes: usize,
+}
+
+impl Default for MessageLimits {
+    fn default() -> Self {
+        MessageLimits {
+            ids: 64,
+            bytes: 8 << 10,
+        }
+    }
+}
+
+impl Publish {
+    /// Groups events to notify into as few notifications as `limits`
+    /// allow: the events of one tenant with the same delay share one, in
+    /// the order given. A limit of one id publishes one event per message.
+    pub fn group(
+        events: impl IntoIterator<Item = Scheduled>,
+        limits: MessageLimits,
+    ) -> Vec<Publish> {
+        let mut out: Vec<Publish> = Vec::new();
+        // The open notification of each (tenant, delay): its index in `out`.
+        let mut open: HashMap<(String, Duration), usize> = HashMap::new();
+        for s in events {
+            let key = (s.tenant, s.delay);
+            if let Some(&i) = open.get(&key) {
+                let ids = &mut out[i].notification.event_ids;
+                if ids.len() < limits.ids
+                    && Notification::encoded_len(&key.0, ids.len() + 1) <= limits.bytes
+                {
+                    ids.push(s.event_id);
+                    continue;
+                }
+            }
+            open.insert(key.clone(), out.len());
+            out.push(Publish {
+                notification: Notification::one(key.0, s.event_id),
+                delay: key.1,
+            });
+        }
+        out
+    }
+}
+
 impl From<Scheduled> for Publish {
     fn from(s: Scheduled) -> Self {
         Publish {
-            notification: s.notification,
+            notification: Notification::one(s.tenant, s.event_id),
             delay: s.delay,
         }
     }
@@ -112,6 +169,12 @@ pub trait Queue: Send + Sync + 'static {
     /// The longest delay the queue can hold a message for; `None` for no limit.
     fn max_delay(&self) -> Option<Duration>;
 
+    /// How large a notification publishers make for this queue (see
+    /// [`Publish::group`]). Defaults to [`MessageLimits::default`].
+    fn message_limits(&self) -> MessageLimits {
+        MessageLimits::default()
+    }
+
     /// Whether messages survive a restart of this process. When they don't,
     /// the reconciler notifies every due event once at start.
     fn durable(&self) -> bool;
@@ -123,6 +186,79 @@ pub trait Queue: Send + Sync + 'static {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::EventId;
+
+    fn scheduled(tenant: &str, delay_ms: u64) -> Scheduled {
+        Scheduled {
+            tenant: tenant.into(),
+            event_id: EventId::new(),
+            delay: Duration::from_millis(delay_ms),
+        }
+    }
+
+    #[test]
+    fn events_are_grouped_per_tenant_and_delay_within_the_limits() {
+        let events = vec![
+            scheduled("a", 0),
+            scheduled("b", 0),
+            scheduled("a", 0),
+            scheduled("a", 5),
+            scheduled("a", 0),
+        ];
+        let ids: Vec<EventId> = events.iter().map(|s| s.event_id).collect();
+        let got = Publish::group(events.clone(), MessageLimits::default());
+        let shape: Vec<(&str, Vec<EventId>, u64)> = got
+            .iter()
+            .map(|p| {
+                let n = &p.notification;
+                (
+                    n.tenant.as_str(),
+                    n.event_ids.clone(),
+                    p.delay.as_millis() as u64,
+                )
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            vec![
+                ("a", vec![ids[0], ids[2], ids[4]], 0),
+                ("b", vec![ids[1]], 0),
+                ("a", vec![ids[3]], 5),
+            ]
+        );
+        let one = MessageLimits {
+            ids: 1,
+            ..MessageLimits::default()
+        };
+        assert_eq!(Publish::group(events, one).len(), 5, "one id per message");
+    }
+
+    #[test]
+    fn a_group_is_split_at_its_id_and_byte_limits() {
+        let events: Vec<Scheduled> = (0..10).map(|_| scheduled("acme", 0)).collect();
+        let by_ids = Publish::group(
+            events.clone(),
+            MessageLimits {
+                ids: 4,
+                bytes: 1 << 20,
+            },
+        );
+        let sizes: Vec<usize> = by_ids
+            .iter()
+            .map(|p| p.notification.event_ids.len())
+            .collect();
+        assert_eq!(sizes, vec![4, 4, 2]);
+        let bytes = Notification::encoded_len("acme", 3);
+        let by_bytes = Publish::group(events, MessageLimits { ids: 100, bytes });
+        let sizes: Vec<usize> = by_bytes
+            .iter()
+            .map(|p| p.notification.event_ids.len())
+            .collect();
+        assert_eq!(sizes, vec![3, 3, 3, 1]);
+        assert!(by_bytes
+            .iter()
+            .all(|p| p.notification.encode().len() <= bytes));
+    }
 
     #[test]
     fn a_backend_error_says_what_failed_and_keeps_its_cause() {

@@ -12,8 +12,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::model::{
-    AttemptError, Emitted, Event, EventId, EventState, LeaseToken, Millis, NewEvent, Notification,
-    Rule, RuleKind, RuleMatch,
+    AttemptError, Emitted, Event, EventId, EventState, LeaseToken, Millis, NewEvent, Rule,
+    RuleKind, RuleMatch,
 };
 
 /// What [`Store::lead`] found.
@@ -168,12 +168,15 @@ pub struct Settle {
     pub finish: Finish,
 }
 
-/// A notification to publish, with the delay until the event is due (by the
-/// store's clock).
+/// An event to notify, with the delay until it is due (by the store's
+/// clock). Publishers group these into [`Notification`](crate::model::Notification)s
+/// ([`crate::queue::Publish::group`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Scheduled {
-    /// What to publish.
-    pub notification: Notification,
+    /// The event's tenant.
+    pub tenant: String,
+    /// The event.
+    pub event_id: EventId,
     /// How long until `run_at`; zero when due.
     pub delay: Duration,
 }
@@ -182,10 +185,8 @@ impl Scheduled {
     /// A notification of `tenant`'s event `id`, due now.
     pub fn due(tenant: String, id: EventId) -> Self {
         Scheduled {
-            notification: Notification {
-                tenant,
-                event_id: id,
-            },
+            tenant,
+            event_id: id,
             delay: Duration::ZERO,
         }
     }

@@ -457,7 +457,7 @@ mod tests {
         let mut f = Fake::new(&[false; 3], &[false; 5]);
         let page = f.run(6);
         let want: Vec<EventId> = f.expired.iter().chain(&f.quiet[..3]).map(|e| e.0).collect();
-        let got: Vec<EventId> = page.due.iter().map(|s| s.notification.event_id).collect();
+        let got: Vec<EventId> = page.due.iter().map(|s| s.event_id).collect();
         assert_eq!(got, want);
         assert!(!page.complete);
         assert_eq!(page.pass.cutoff, Millis(1_000));

@@ -209,6 +209,8 @@ macro_rules! engine_suite {
             claimed_ahead_events_keep_their_leases_while_they_wait,
             shutdown_within_grace_runs_the_events_claimed_ahead,
             shutdown_past_grace_releases_the_events_claimed_ahead,
+            a_message_of_many_events_answers_each_on_its_own,
+            a_message_redelivered_after_its_worker_died_runs_what_is_left,
             lost_lease_cancels_the_handler,
             late_completion_is_refused_by_the_fence,
             lost_notification_is_run_by_the_reconciler,
@@ -343,6 +345,7 @@ macro_rules! queue_suite {
     ($make:path) => {
         $crate::queue_suite!(@tests $make;
             delivers_what_is_published,
+            delivers_a_notification_of_many_events_whole,
             ack_removes,
             nack_with_delay_waits,
             delayed_publish_waits,

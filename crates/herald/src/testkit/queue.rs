@@ -87,10 +87,7 @@ pub async fn memory_queue() -> TestQueue {
 
 fn note() -> Publish {
     Publish {
-        notification: Notification {
-            tenant: "t".into(),
-            event_id: EventId::new(),
-        },
+        notification: Notification::one("t", EventId::new()),
         delay: Duration::ZERO,
     }
 }
@@ -126,10 +123,41 @@ pub async fn delivers_what_is_published(t: TestQueue) {
     while got.len() < 3 {
         got.extend(recv(q, 10, Duration::from_secs(5), "the published notifications").await);
     }
-    let want: HashSet<_> = sent.iter().map(|p| p.notification.event_id).collect();
-    let have: HashSet<_> = got.iter().map(|d| decode(d).event_id).collect();
+    let want: HashSet<_> = sent
+        .iter()
+        .flat_map(|p| p.notification.event_ids.clone())
+        .collect();
+    let have: HashSet<_> = got.iter().flat_map(|d| decode(d).event_ids).collect();
     assert_eq!(have, want);
     assert_eq!(got.len(), 3, "each once");
+    let tags: Vec<_> = got.iter().map(|d| d.tag.clone()).collect();
+    q.ack(&tags).await.expect("ack");
+}
+
+/// A notification of many events, at the default limits, arrives whole,
+/// beside one of a single event in its older one-id form.
+pub async fn delivers_a_notification_of_many_events_whole(t: TestQueue) {
+    let q = &*t.queue;
+    let limits = crate::queue::MessageLimits::default();
+    let many = Publish {
+        notification: Notification {
+            tenant: "t".into(),
+            event_ids: (0..limits.ids).map(|_| EventId::new()).collect(),
+        },
+        delay: Duration::ZERO,
+    };
+    assert!(many.notification.encode().len() <= limits.bytes);
+    let one = note();
+    q.publish(&[many.clone(), one.clone()])
+        .await
+        .expect("publish");
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        got.extend(recv(q, 10, Duration::from_secs(5), "both notifications").await);
+    }
+    let mut have: Vec<Notification> = got.iter().map(decode).collect();
+    have.sort_by_key(|n| n.event_ids.len());
+    assert_eq!(have, vec![one.notification, many.notification]);
     let tags: Vec<_> = got.iter().map(|d| d.tag.clone()).collect();
     q.ack(&tags).await.expect("ack");
 }

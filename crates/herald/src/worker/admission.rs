@@ -6,29 +6,37 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
+use super::message::{Answers, Message};
 use super::settle::Ended;
-use super::telemetry::{Instruments, RunEvent};
+use super::telemetry::RunEvent;
 use super::{run, WorkerState};
-use crate::decision::{self, Answer, Plan, Reply, Tally, Write};
+use crate::decision::{self, Answer, Plan, Tally, Write};
 use crate::model::{EventId, LeaseToken, Notification};
 use crate::queue::{Delivery, DeliveryTag};
 use crate::store::{Settle, StoreResult};
 
 /// Takes batches of notifications while claims are free, until told to stop.
+///
+/// A claim is one event held: a message of several events takes as many.
+/// How many messages to ask for is estimated from the events per message
+/// seen so far; messages beyond the free claims are given straight back
+/// (the first one is always kept, so one message may overshoot by its size).
 pub(super) async fn receive_loop(shared: Arc<WorkerState>, ended: mpsc::UnboundedSender<Ended>) {
     let mut pause = Duration::from_millis(50);
+    let mut events_per_message = 1.0_f64;
     loop {
         let mut claims = tokio::select! {
             p = free_claims(&shared) => p,
             _ = shared.stop_receiving.cancelled() => return,
         };
         let held = claims.num_permits();
-        let room = (held + shared.claims.available_permits()).min(shared.config.batch);
+        let free = held + shared.claims.available_permits();
+        let room = ((free as f64 / events_per_message) as usize).clamp(1, shared.config.batch);
         let received = tokio::select! {
             r = shared.queue.receive(room) => r,
             _ = shared.stop_receiving.cancelled() => return,
         };
-        let mut deliveries = match received {
+        let deliveries = match received {
             Ok(d) if d.is_empty() => {
                 tracing::info!(worker = %shared.config.name, "the queue is closed: no more notifications");
                 return;
@@ -45,22 +53,26 @@ pub(super) async fn receive_loop(shared: Arc<WorkerState>, ended: mpsc::Unbounde
             }
         };
         pause = Duration::from_millis(50);
-        if deliveries.len() > room {
-            // A queue that returned more than asked: give the rest straight back.
-            let extra: Vec<_> = deliveries
-                .split_off(room)
-                .into_iter()
-                .map(|d| (d.tag, Duration::ZERO))
-                .collect();
-            tracing::warn!(
+        let (mut batch, extra) = Batch::read(deliveries, room, free);
+        shared.record(RunEvent::Received(
+            batch.messages.len() + batch.garbage.len(),
+        ));
+        if !extra.is_empty() {
+            // More than asked for, or more events than the free claims
+            // hold: give the rest straight back, to be received again.
+            tracing::debug!(
                 extra = extra.len(),
-                "the queue returned more than asked for"
+                "received more than the free claims hold"
             );
             if let Err(e) = shared.queue.nack(&extra).await {
                 tracing::warn!(error = %e, "nack failed; the queue will redeliver after its deadline");
             }
         }
-        let n = deliveries.len();
+        if !batch.messages.is_empty() {
+            let seen = batch.notes.len() as f64 / batch.messages.len() as f64;
+            events_per_message = (events_per_message + seen) / 2.0;
+        }
+        let n = batch.notes.len().min(free);
         if n > held {
             // Only this loop takes claims, so the ones counted above are still free.
             let more = shared
@@ -72,12 +84,67 @@ pub(super) async fn receive_loop(shared: Arc<WorkerState>, ended: mpsc::Unbounde
         } else if n < held {
             drop(claims.split(held - n));
         }
-        shared.tasks.spawn(admit_batch(
-            shared.clone(),
-            deliveries,
-            claims,
-            ended.clone(),
-        ));
+        batch.claims = Some(claims);
+        shared
+            .tasks
+            .spawn(admit_batch(shared.clone(), batch, ended.clone()));
+    }
+}
+
+/// One batch of received messages, read.
+struct Batch {
+    /// The messages that are notifications.
+    messages: Vec<Arc<Message>>,
+    /// Each event of each message, with its message.
+    notes: Vec<(EventId, Arc<Message>)>,
+    /// Messages that are not notifications.
+    garbage: Vec<DeliveryTag>,
+    /// One claim per event (fewer when one message alone has more events
+    /// than the worker has free claims).
+    claims: Option<OwnedSemaphorePermit>,
+}
+
+impl Batch {
+    /// Reads `deliveries`: keeps messages while their events fit in `free`
+    /// claims (at least the first) and at most `room` messages; returns the
+    /// rest's tags to be given back.
+    fn read(
+        deliveries: Vec<Delivery>,
+        room: usize,
+        free: usize,
+    ) -> (Batch, Vec<(DeliveryTag, Duration)>) {
+        let mut batch = Batch {
+            messages: Vec::new(),
+            notes: Vec::new(),
+            garbage: Vec::new(),
+            claims: None,
+        };
+        let mut extra = Vec::new();
+        for (i, d) in deliveries.into_iter().enumerate() {
+            match Notification::decode(&d.payload) {
+                Err(e) => {
+                    let preview = String::from_utf8_lossy(&d.payload[..d.payload.len().min(120)])
+                        .into_owned();
+                    tracing::warn!(error = %e, message = %preview, "dropping a message that is not a notification");
+                    batch.garbage.push(d.tag);
+                }
+                Ok(n)
+                    if i >= room
+                        || (!batch.notes.is_empty()
+                            && batch.notes.len() + n.event_ids.len() > free) =>
+                {
+                    extra.push((d.tag, Duration::ZERO));
+                }
+                Ok(n) => {
+                    let message = Message::new(d.tag, &n);
+                    batch
+                        .notes
+                        .extend(n.event_ids.iter().map(|id| (*id, message.clone())));
+                    batch.messages.push(message);
+                }
+            }
+        }
+        (batch, extra)
     }
 }
 
@@ -105,26 +172,14 @@ async fn free_claims(shared: &WorkerState) -> OwnedSemaphorePermit {
 
 /// Claims a batch in one store call; runs what was claimed; asks the store
 /// why the rest was not, and answers each notification per [`decision::admit`].
-async fn admit_batch(
-    shared: Arc<WorkerState>,
-    deliveries: Vec<Delivery>,
-    mut claims: OwnedSemaphorePermit,
-    ended: mpsc::UnboundedSender<Ended>,
-) {
-    shared.record(RunEvent::Received(deliveries.len()));
-    let mut notes: Vec<(EventId, DeliveryTag)> = Vec::with_capacity(deliveries.len());
-    let mut garbage = Vec::new();
-    for d in deliveries {
-        match Notification::decode(&d.payload) {
-            Ok(n) => notes.push((n.event_id, d.tag)),
-            Err(e) => {
-                let preview =
-                    String::from_utf8_lossy(&d.payload[..d.payload.len().min(120)]).into_owned();
-                tracing::warn!(error = %e, message = %preview, "dropping a message that is not a notification");
-                garbage.push(d.tag);
-            }
-        }
-    }
+async fn admit_batch(shared: Arc<WorkerState>, batch: Batch, ended: mpsc::UnboundedSender<Ended>) {
+    let Batch {
+        notes,
+        garbage,
+        claims,
+        ..
+    } = batch;
+    let mut claims = claims.expect("the receive loop takes the batch's claims");
     if !garbage.is_empty() {
         shared.record(RunEvent::Garbage(garbage.len()));
         if let Err(e) = shared.queue.terminate(&garbage).await {
@@ -152,18 +207,21 @@ async fn admit_batch(
     shared.record(RunEvent::Claimed(claimed.len()));
     let mut claimed: HashMap<EventId, _> = claimed.into_iter().map(|e| (e.id, e)).collect();
     let mut rest = Vec::new();
-    for (id, tag) in notes {
+    for (id, message) in notes {
         match claimed.remove(&id) {
             Some(event) => {
-                let claim = claims.split(1).expect("one claim per delivery");
-                run::start(&shared, event, token, tag, claim, ended.clone());
+                // None past the claims taken: a message larger than the
+                // free claims overshoots by its size.
+                let claim = claims.split(1);
+                run::start(&shared, event, token, message, claim, ended.clone());
             }
-            None => rest.push((id, tag)),
+            None => rest.push((id, message)),
         }
     }
     if rest.is_empty() {
         return;
     }
+    drop(claims);
     let ids: Vec<EventId> = rest.iter().map(|(id, _)| *id).collect();
     let seen = match shared.store.inspect(&ids).await {
         Ok(s) => s,
@@ -176,7 +234,7 @@ async fn admit_batch(
     let found: HashMap<EventId, _> = seen.found.iter().map(|i| (i.event.id, i)).collect();
     let mut answers = Answers::default();
     let mut writes = Vec::new();
-    for (id, tag) in rest {
+    for (id, message) in rest {
         let item = found.get(&id);
         let inspection = decision::Inspection {
             event: item.map(|i| &i.event),
@@ -188,32 +246,32 @@ async fn admit_batch(
         tracing::debug!(event = %id, ?admission, "not claimed");
         let handler = item.map(|i| i.event.handler.as_str()).unwrap_or_default();
         match admission.plan {
-            Plan::Answer(answer) => answers.add(&shared, tag, answer, None),
-            Plan::Write(write) => writes.push((write, tag, shared.instruments(handler))),
+            Plan::Answer(answer) => answers.add(&shared, &message, id, answer, None),
+            Plan::Write(write) => writes.push((write, id, message, shared.instruments(handler))),
         }
     }
     if !writes.is_empty() {
-        let settles: Vec<Settle> = writes.iter().map(|(w, _, _)| w.settle.clone()).collect();
+        let settles: Vec<Settle> = writes.iter().map(|(w, ..)| w.settle.clone()).collect();
         let held = shared.store.settle(&settles).await;
         if let Err(e) = &held {
             tracing::warn!(error = %e, "cannot move exhausted events to dead");
             shared.record(RunEvent::StoreFailed);
         }
-        for (i, (write, tag, instruments)) in writes.into_iter().enumerate() {
+        for (i, (write, id, message, instruments)) in writes.into_iter().enumerate() {
             let answer = written(&write, &held, i);
             if answer.tally == Tally::Buried {
                 tracing::warn!(event = %write.settle.id, "no attempts left after its worker died: moved to dead");
             }
-            answers.add(&shared, tag, answer, Some(&instruments));
+            answers.add(&shared, &message, id, answer, Some(&instruments));
         }
     }
     answers.send(&shared).await;
 }
 
-async fn requeue_all(shared: &WorkerState, notes: Vec<(EventId, DeliveryTag)>, answer: Answer) {
+async fn requeue_all(shared: &WorkerState, notes: Vec<(EventId, Arc<Message>)>, answer: Answer) {
     let mut answers = Answers::default();
-    for (_, tag) in notes {
-        answers.add(shared, tag, answer, None);
+    for (id, message) in notes {
+        answers.add(shared, &message, id, answer, None);
     }
     answers.send(shared).await;
 }
@@ -225,47 +283,5 @@ pub(super) fn written(write: &Write, held: &StoreResult<Vec<bool>>, i: usize) ->
         Ok(held) if held.get(i) == Some(&true) => write.held,
         Ok(_) => write.refused,
         Err(_) => write.failed,
-    }
-}
-
-/// Acks and nacks collected for one batch, sent as one call each.
-#[derive(Default)]
-pub(super) struct Answers {
-    acks: Vec<DeliveryTag>,
-    nacks: Vec<(DeliveryTag, Duration)>,
-}
-
-impl Answers {
-    /// Queues `answer`'s reply and counts it; `instruments` are the
-    /// handler's metric handles, for tallies that count in the metrics.
-    pub(super) fn add(
-        &mut self,
-        shared: &WorkerState,
-        tag: DeliveryTag,
-        answer: Answer,
-        instruments: Option<&Instruments>,
-    ) {
-        shared.record(RunEvent::Answered {
-            tally: answer.tally,
-            handler: instruments,
-        });
-        match answer.reply {
-            Reply::Ack => self.acks.push(tag),
-            Reply::Nack(delay) => self.nacks.push((tag, delay)),
-            Reply::Leave => {}
-        }
-    }
-
-    pub(super) async fn send(self, shared: &WorkerState) {
-        if !self.acks.is_empty() {
-            if let Err(e) = shared.queue.ack(&self.acks).await {
-                tracing::warn!(error = %e, count = self.acks.len(), "ack failed; the queue will redeliver");
-            }
-        }
-        if !self.nacks.is_empty() {
-            if let Err(e) = shared.queue.nack(&self.nacks).await {
-                tracing::warn!(error = %e, count = self.nacks.len(), "nack failed; the queue will redeliver after its deadline");
-            }
-        }
     }
 }

@@ -1,5 +1,6 @@
 //! Renewing every lease this worker holds, in one store call per beat.
 
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -36,7 +37,8 @@ async fn beat(shared: &WorkerState) {
     match shared.store.renew(&held, lease).await {
         Ok(renewed) => {
             let now = Millis::now();
-            let mut tags = Vec::with_capacity(held.len());
+            // Runs of one message share its tag: extend it once.
+            let mut tags = HashSet::with_capacity(held.len());
             {
                 let mut runs = shared.runs.lock().expect("runs lock");
                 for (l, ok) in held.iter().zip(renewed) {
@@ -46,7 +48,7 @@ async fn beat(shared: &WorkerState) {
                         shared.record(RunEvent::Renewed {
                             handler: &run.instruments,
                         });
-                        tags.push(run.tag.clone());
+                        tags.insert(run.message.tag.clone());
                     } else {
                         lose(shared, l, run);
                     }
@@ -54,6 +56,7 @@ async fn beat(shared: &WorkerState) {
             }
             // Bounded by one beat: a broker that is away must not hold up
             // the next renewal in the store, which is what keeps the leases.
+            let tags: Vec<_> = tags.into_iter().collect();
             match tokio::time::timeout(lease / 3, shared.queue.extend(&tags)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {

@@ -8,7 +8,8 @@
 //! - one task per claimed event waits for a handler slot and runs its
 //!   handler (`run.rs`);
 //! - `settle` group-commits the ends of runs and answers their
-//!   notifications (`settle.rs`);
+//!   notifications (`settle.rs`); a message of several events is answered
+//!   once each of its events has its reply (`message.rs`);
 //! - `heartbeat` renews every lease in one call every `lease / 3` and
 //!   cancels runs whose lease was lost (`heartbeat.rs`);
 //! - `reconcile`, when elected, re-notifies what the queue lost and purges
@@ -22,6 +23,7 @@ mod admission;
 mod api;
 mod config;
 mod heartbeat;
+mod message;
 mod reconcile;
 mod run;
 mod settle;
@@ -38,7 +40,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::handler::Handler;
 use crate::model::Millis;
-use crate::queue::{DeliveryTag, Queue};
+use crate::queue::Queue;
 use crate::store::{LeaseRef, Store};
 
 pub use crate::decision::RunSettled;
@@ -50,7 +52,8 @@ use telemetry::Instruments;
 
 /// One event being run by this worker.
 pub(crate) struct RunEntry {
-    tag: DeliveryTag,
+    /// The message that notified it (shared by the message's events).
+    message: Arc<message::Message>,
     cancel: CancellationToken,
     lost: Arc<AtomicBool>,
     /// Set when the handler has returned (or was cancelled); the lease is

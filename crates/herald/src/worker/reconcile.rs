@@ -97,7 +97,7 @@ async fn sweep(shared: &WorkerState, quiet: Duration) -> bool {
         if n == 0 && page.complete {
             return true;
         }
-        let batch: Vec<Publish> = page.due.into_iter().map(Publish::from).collect();
+        let batch = Publish::group(page.due, shared.queue.message_limits());
         if n > 0 {
             if let Err(e) = shared.queue.publish(&batch).await {
                 // They are stamped as notified; the next quiet period brings them back.

@@ -9,25 +9,26 @@ use futures::FutureExt;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio_util::sync::CancellationToken;
 
+use super::message::Message;
 use super::settle::Ended;
 use super::telemetry::RunEvent;
 use super::{RunEntry, WorkerState};
 use crate::decision::{Claimed, RunEnd};
 use crate::handler::{Context, Handler, Outcome};
 use crate::model::{Event, LeaseToken, Millis};
-use crate::queue::DeliveryTag;
 use crate::store::LeaseRef;
 
 /// Registers the lease with the heartbeat and spawns the run: it waits for a
 /// handler slot (an event claimed ahead waits here, its lease renewed), then
-/// calls the handler. The slot and the claim are freed when the handler
-/// returns; the lease is renewed until the run is settled.
+/// calls the handler. The slot and the claim (none for the events of a
+/// message past the free claims) are freed when the handler returns; the
+/// lease is renewed until the run is settled.
 pub(super) fn start(
     shared: &Arc<WorkerState>,
     event: Event,
     token: LeaseToken,
-    tag: DeliveryTag,
-    claim: OwnedSemaphorePermit,
+    message: Arc<Message>,
+    claim: Option<OwnedSemaphorePermit>,
     to_settle: mpsc::UnboundedSender<Ended>,
 ) {
     let cancel = shared.cancel_runs.child_token();
@@ -41,7 +42,7 @@ pub(super) fn start(
     shared.runs.lock().expect("runs lock").insert(
         lease,
         RunEntry {
-            tag: tag.clone(),
+            message: message.clone(),
             cancel: cancel.clone(),
             lost: lost.clone(),
             ended: ended.clone(),
@@ -88,7 +89,7 @@ pub(super) fn start(
         tracing::debug!(event = %event.id, handler = %event.handler, attempt = event.attempt, ?end, ?ran, "run ended");
         // The settler outlives every run (shutdown waits for runs first).
         let _ = to_settle.send(Ended {
-            tag,
+            message,
             claimed,
             tenant: event.tenant,
             end,

@@ -1,26 +1,35 @@
-//! Ending runs: one store call per batch of finished runs, then one ack and
-//! one nack call to the queue.
+//! Ending runs: one store call per batch of finished runs, then the
+//! answers of their messages to the queue (`message.rs`).
 
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use super::admission::{written, Answers};
+use super::admission::written;
+use super::message::{Answers, Message};
 use super::telemetry::{Instruments, RunEvent};
 use super::WorkerState;
-use crate::decision::{self, Claimed, Plan, RunEnd, RunSettled, Tally, Write};
-use crate::queue::DeliveryTag;
+use crate::decision::{self, Answer, Claimed, Plan, RunEnd, RunSettled, Tally, Write};
 use crate::store::{Finish, Settle};
 
 /// A run that ended and waits to be settled.
 pub(crate) struct Ended {
-    pub(super) tag: DeliveryTag,
+    /// The message that notified the event.
+    pub(super) message: Arc<Message>,
     pub(super) claimed: Claimed,
     /// The event's tenant, for the log line of a failed attempt.
     pub(super) tenant: String,
     pub(super) end: RunEnd,
     /// The handler's metric handles.
     pub(super) instruments: Arc<Instruments>,
+}
+
+impl Ended {
+    /// Counts `answer` for this run's event and adds it to its message's.
+    fn answer(&self, shared: &WorkerState, answers: &mut Answers, answer: Answer) {
+        let id = self.claimed.lease.id;
+        answers.add(shared, &self.message, id, answer, Some(&self.instruments));
+    }
 }
 
 /// Most runs settled in one store call.
@@ -71,7 +80,7 @@ async fn settle_batch(shared: &WorkerState, batch: Vec<Ended>) {
         match decision::settle(e.claimed, e.end.clone(), &policy, WorkerState::jitter()) {
             Plan::Answer(answer) => {
                 tracing::warn!(event = %e.claimed.lease.id, "lease lost while running: handler cancelled, nothing written");
-                answers.add(shared, e.tag.clone(), answer, Some(&e.instruments));
+                e.answer(shared, &mut answers, answer);
             }
             Plan::Write(write) => writes.push((e, write)),
         }
@@ -92,7 +101,7 @@ async fn settle_batch(shared: &WorkerState, batch: Vec<Ended>) {
                 }
                 _ => {}
             }
-            answers.add(shared, e.tag.clone(), answer, Some(&e.instruments));
+            e.answer(shared, &mut answers, answer);
         }
     }
     {

@@ -11,6 +11,7 @@ mod ahead;
 mod failures;
 mod intake;
 mod leases;
+mod messages;
 mod reconcile;
 mod rules;
 mod runs;
@@ -21,6 +22,7 @@ pub use ahead::*;
 pub use failures::*;
 pub use intake::*;
 pub use leases::*;
+pub use messages::*;
 pub use reconcile::*;
 pub use rules::*;
 pub use runs::*;
@@ -39,7 +41,7 @@ use crate::client::{Client, EmitOptions};
 use crate::decision::Policy;
 use crate::handler::Context;
 use crate::memory_queue::MemoryQueue;
-use crate::model::{EventId, EventState, LeaseToken};
+use crate::model::{EventId, EventState, LeaseToken, NewEvent};
 use crate::queue::Queue;
 use crate::retry::RetryPolicy;
 use crate::store::{Finish, Settle, Store};
@@ -71,6 +73,20 @@ fn config() -> WorkerConfig {
             ..Policy::default()
         },
         ..WorkerConfig::default()
+    }
+}
+
+/// An event of tenant `T` for `handler`, due now, to store without a
+/// notification (`Store::emit`).
+fn new_event(handler: &str) -> NewEvent {
+    NewEvent {
+        id: EventId::new(),
+        tenant: T.into(),
+        handler: handler.into(),
+        payload: "{}".into(),
+        run_at: crate::model::Millis::now(),
+        max_attempts: 3,
+        idempotency_key: None,
     }
 }
 

@@ -2,22 +2,10 @@
 
 use std::sync::Arc;
 
-use super::{Rig, H, SOON, T};
-use crate::model::{EventId, NewEvent};
+use super::{new_event, Rig, H, SOON};
+use crate::model::NewEvent;
 use crate::store::Store;
 use crate::testkit::eventually;
-
-fn new_event(handler: &str) -> NewEvent {
-    NewEvent {
-        id: EventId::new(),
-        tenant: T.into(),
-        handler: handler.into(),
-        payload: "{}".into(),
-        run_at: crate::model::Millis::now(),
-        max_attempts: 3,
-        idempotency_key: None,
-    }
-}
 
 /// An event stored without a notification (a crash between insert and
 /// publish) is found by the reconciler and run.

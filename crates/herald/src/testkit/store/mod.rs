@@ -170,7 +170,7 @@ async fn get(store: &dyn Store, id: EventId) -> Event {
 }
 
 fn ids_of(scheduled: &[Scheduled]) -> Vec<EventId> {
-    scheduled.iter().map(|s| s.notification.event_id).collect()
+    scheduled.iter().map(|s| s.event_id).collect()
 }
 
 /// The ids one page of a new sweep pass returns.

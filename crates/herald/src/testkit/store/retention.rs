@@ -65,8 +65,8 @@ pub async fn revive_moves_a_dead_event_back_to_pending(store: Arc<dyn Store>) {
     let before = store_now(store).await;
     let s = store.revive(id).await.expect("revive").expect("revived");
     let after = store_now(store).await;
-    assert_eq!(s.notification.event_id, id);
-    assert_eq!(s.notification.tenant, "t");
+    assert_eq!(s.event_id, id);
+    assert_eq!(s.tenant, "t");
     assert_eq!(s.delay, Duration::ZERO);
     let e = get(store, id).await;
     assert_eq!(e.state, EventState::Pending);

@@ -143,9 +143,9 @@ pub async fn a_sweep_pass_with_no_quiet_returns_each_due_event_once_and_ends(
         pass = Some(page.pass);
         pages.push(page.due.len());
         for s in &page.due {
-            assert_eq!(s.notification.tenant, "t");
+            assert_eq!(s.tenant, "t");
             assert_eq!(s.delay, Duration::ZERO);
-            assert!(seen.insert(s.notification.event_id), "returned twice");
+            assert!(seen.insert(s.event_id), "returned twice");
         }
         if page.complete {
             break;
