@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use herald::queue::{QueueError, QueueResult};
+use herald::queue::{MessageLimits, QueueError, QueueResult};
 use herald::redact::{redact_credentials, userinfo};
 
 /// The shortest duplicate window herald accepts on an existing stream.
@@ -60,6 +60,10 @@ pub struct NatsConfig {
     /// existing stream with another number, or a consumer with a number of
     /// its own that differs from its stream's, is kept, with a warning.
     pub replicas: usize,
+    /// How large a notification publishers make: events per message and
+    /// bytes (NATS's own limit is the server's `max_payload`, 1 MB by
+    /// default).
+    pub message_limits: MessageLimits,
 }
 
 impl std::fmt::Debug for NatsConfig {
@@ -75,6 +79,7 @@ impl std::fmt::Debug for NatsConfig {
             .field("max_ack_pending", &self.max_ack_pending)
             .field("duplicate_window", &self.duplicate_window)
             .field("replicas", &self.replicas)
+            .field("message_limits", &self.message_limits)
             .finish()
     }
 }
@@ -95,6 +100,7 @@ impl NatsConfig {
             max_ack_pending: DEFAULT_MAX_ACK_PENDING,
             duplicate_window: DEFAULT_DUPLICATE_WINDOW,
             replicas: 1,
+            message_limits: MessageLimits::default(),
         }
     }
 

@@ -49,7 +49,9 @@ use async_nats::jetstream::{self, consumer, stream, AckKind};
 use async_nats::{ConnectErrorKind, HeaderMap};
 use async_trait::async_trait;
 use futures::StreamExt;
-use herald::queue::{Delivery, DeliveryTag, Publish, Queue, QueueError, QueueResult};
+use herald::queue::{
+    Delivery, DeliveryTag, MessageLimits, Publish, Queue, QueueError, QueueResult,
+};
 use herald::redact::redact_credentials;
 use tokio_util::sync::CancellationToken;
 
@@ -584,6 +586,10 @@ impl Queue for NatsQueue {
 
     fn max_delay(&self) -> Option<Duration> {
         None
+    }
+
+    fn message_limits(&self) -> MessageLimits {
+        self.config.message_limits
     }
 
     fn durable(&self) -> bool {

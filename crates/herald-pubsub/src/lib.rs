@@ -68,7 +68,9 @@ use gcloud_googleapis::pubsub::v1::{AcknowledgeRequest, ModifyAckDeadlineRequest
 use gcloud_pubsub::client::Client;
 use gcloud_pubsub::publisher::Publisher;
 use gcloud_pubsub::subscription::{MessageStream, Subscription};
-use herald::queue::{Delivery, DeliveryTag, Publish, Queue, QueueError, QueueResult};
+use herald::queue::{
+    Delivery, DeliveryTag, MessageLimits, Publish, Queue, QueueError, QueueResult,
+};
 use tokio_util::sync::CancellationToken;
 
 use receive::expiry_loop;
@@ -349,6 +351,10 @@ impl Queue for PubsubQueue {
 
     fn max_delay(&self) -> Option<Duration> {
         Some(MAX_ACK_DEADLINE)
+    }
+
+    fn message_limits(&self) -> MessageLimits {
+        self.inner.config.message_limits
     }
 
     fn durable(&self) -> bool {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use gcloud_pubsub::subscription::SubscriptionConfig;
-use herald::queue::QueueError;
+use herald::queue::{MessageLimits, QueueError};
 
 /// The shortest ack deadline Pub/Sub accepts on a subscription or a stream.
 pub const MIN_ACK_DEADLINE: Duration = Duration::from_secs(10);
@@ -59,6 +59,10 @@ pub struct PubsubConfig {
     /// How messages are received: a streaming pull (the default), or unary
     /// Pull requests, one per batch.
     pub pull: PullMode,
+    /// How large a notification publishers make: events per message and
+    /// bytes (Pub/Sub takes up to 10 MB a message, and bills at least
+    /// 1,000 bytes a request).
+    pub message_limits: MessageLimits,
 }
 
 /// How a worker receives messages.
@@ -108,6 +112,7 @@ impl PubsubConfig {
             credentials: None,
             emulator: None,
             pull: PullMode::Streaming,
+            message_limits: MessageLimits::default(),
         }
     }
 

@@ -203,7 +203,9 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
         tracing::warn!(%addr, "no API token is configured: anyone who can connect to this loopback address acts as the operator; set auth.operator_token_sha256 to require a token");
     }
     let state = Arc::new(api::AppState {
-        client: Client::new(store.clone(), queue.clone()).max_payload(config.max_payload_bytes),
+        client: Client::new(store.clone(), queue.clone())
+            .max_payload(config.max_payload_bytes)
+            .notify_linger(config.notify_linger),
         tokens,
         tracker,
         metrics,
@@ -283,7 +285,9 @@ async fn connect_queue(config: &ServeConfig) -> Result<Arc<dyn Queue>, ServeErro
         error,
     };
     Ok(match &config.queue {
-        QueueConfig::Memory => Arc::new(MemoryQueue::new(config.worker.lease)),
+        QueueConfig::Memory(limits) => {
+            Arc::new(MemoryQueue::new(config.worker.lease).with_message_limits(*limits))
+        }
         QueueConfig::Nats(c) => Arc::new(
             herald_nats::NatsQueue::connect(c.clone())
                 .await

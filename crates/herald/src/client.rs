@@ -11,6 +11,8 @@ use crate::handler::Job;
 use crate::model::{
     Emitted, Event, EventId, EventState, Millis, NewEvent, Rule, RuleKind, RuleMatch,
 };
+use crate::publisher::Publisher;
+pub use crate::publisher::DEFAULT_NOTIFY_LINGER;
 use crate::queue::{Publish, Queue};
 use crate::retry::DEFAULT_MAX_ATTEMPTS;
 use crate::store::{Count, CountsQuery, EventFilter, HandlerCounts, Scheduled, Store, StoreError};
@@ -150,6 +152,7 @@ pub struct Client {
     store: Arc<dyn Store>,
     queue: Arc<dyn Queue>,
     max_payload: usize,
+    publisher: Arc<Publisher>,
 }
 
 /// How many events a re-notify page holds.
@@ -159,10 +162,22 @@ impl Client {
     /// A client on a store and a queue.
     pub fn new(store: Arc<dyn Store>, queue: Arc<dyn Queue>) -> Self {
         Client {
+            publisher: Arc::new(Publisher::new(queue.clone(), DEFAULT_NOTIFY_LINGER)),
             store,
             queue,
             max_payload: DEFAULT_MAX_PAYLOAD,
         }
+    }
+
+    /// Sets how long the notifications of an emit wait for those of other
+    /// emits, to be published together (default
+    /// [`DEFAULT_NOTIFY_LINGER`], 1 ms; zero publishes each emit's at
+    /// once). An emit returns once its notifications are published, so a
+    /// single emit takes up to this much longer; in exchange, single emits
+    /// close in time share messages (docs/semantics.md).
+    pub fn notify_linger(mut self, linger: Duration) -> Self {
+        self.publisher = Arc::new(Publisher::new(self.queue.clone(), linger));
+        self
     }
 
     /// Sets the payload size limit in bytes.
@@ -307,9 +322,9 @@ impl Client {
                 tenant: ev.tenant.clone(),
                 event_id: ev.id,
                 delay: now.until(ev.run_at),
-            });
-        self.notify(&Publish::group(created, self.queue.message_limits()))
-            .await;
+            })
+            .collect();
+        self.publisher.publish(created).await;
     }
 
     fn validate(&self, r: EmitRequest, now: Millis) -> Result<NewEvent, ClientError> {

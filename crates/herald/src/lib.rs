@@ -7,6 +7,7 @@ pub mod decision;
 pub mod handler;
 pub mod memory_queue;
 pub mod model;
+mod publisher;
 pub mod queue;
 pub mod redact;
 pub mod retry;

@@ -22,8 +22,11 @@ pub(super) struct FileConfig {
     pub(super) pubsub_max_outstanding: Option<u64>,
     pub(super) pubsub_credentials: Option<String>,
     pub(super) pubsub_pull: Option<String>,
+    pub(super) notify_max_ids: Option<u64>,
+    pub(super) notify_max_bytes: Option<u64>,
     pub(super) pg_max_connections: Option<u64>,
     pub(super) pg_acquire_timeout: Option<Dur>,
+    pub(super) notify_linger: Option<Dur>,
     pub(super) listen: Option<String>,
     pub(super) max_payload_bytes: Option<u64>,
     pub(super) max_request_bytes: Option<u64>,
@@ -108,6 +111,8 @@ impl FileConfig {
             pubsub_max_outstanding: self.pubsub_max_outstanding.take(),
             pubsub_credentials: self.pubsub_credentials.take(),
             pubsub_pull: self.pubsub_pull.take(),
+            notify_max_ids: self.notify_max_ids.take(),
+            notify_max_bytes: self.notify_max_bytes.take(),
         }
     }
 }

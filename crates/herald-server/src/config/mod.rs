@@ -161,6 +161,9 @@ pub struct ServeConfig {
     pub max_request_bytes: usize,
     /// Most events in one batch request.
     pub max_batch: usize,
+    /// How long an emit's notifications wait for other emits' to be
+    /// published with them ([`herald::Client::notify_linger`]).
+    pub notify_linger: Duration,
     /// The worker's settings.
     pub worker: WorkerConfig,
     /// Whether `worker.name` was set; if not, the server names its worker

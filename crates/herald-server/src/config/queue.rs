@@ -17,8 +17,8 @@ pub const DEFAULT_NATS_STREAM: &str = "herald";
 /// with the ack wait set to the worker's lease.
 #[derive(Clone, Debug)]
 pub enum QueueConfig {
-    /// The in-process queue (one process).
-    Memory,
+    /// The in-process queue (one process), with the notifications' limits.
+    Memory(herald::MessageLimits),
     /// NATS JetStream (many worker processes). Its URL may hold
     /// credentials; `Display` and `Debug` hide them.
     Nats(herald_nats::NatsConfig),
@@ -29,7 +29,7 @@ pub enum QueueConfig {
 impl std::fmt::Display for QueueConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            QueueConfig::Memory => write!(f, "memory"),
+            QueueConfig::Memory(_) => write!(f, "memory"),
             QueueConfig::Nats(c) => write!(f, "{}", redact_credentials(&c.url)),
             QueueConfig::Pubsub(c) => write!(
                 f,
@@ -51,13 +51,21 @@ pub(super) struct QueueKeys {
     pub(super) pubsub_max_outstanding: Option<u64>,
     pub(super) pubsub_credentials: Option<String>,
     pub(super) pubsub_pull: Option<String>,
+    pub(super) notify_max_ids: Option<u64>,
+    pub(super) notify_max_bytes: Option<u64>,
 }
 
 /// A `[queue]` table's keys per kind, and the flat key each one stands for.
 /// `url` (NATS) and `project`/`topic`/`subscription` (Pub/Sub) make the
 /// location, the flat `queue`.
 const TABLE_KEYS: &[(&str, &[(&str, &str)])] = &[
-    ("memory", &[]),
+    (
+        "memory",
+        &[
+            ("max_ids", "notify_max_ids"),
+            ("max_bytes", "notify_max_bytes"),
+        ],
+    ),
     (
         "nats",
         &[
@@ -66,6 +74,8 @@ const TABLE_KEYS: &[(&str, &[(&str, &str)])] = &[
             ("replicas", "nats_replicas"),
             ("max_ack_pending", "nats_max_ack_pending"),
             ("credentials", "nats_credentials"),
+            ("max_ids", "notify_max_ids"),
+            ("max_bytes", "notify_max_bytes"),
         ],
     ),
     (
@@ -77,6 +87,8 @@ const TABLE_KEYS: &[(&str, &[(&str, &str)])] = &[
             ("max_outstanding", "pubsub_max_outstanding"),
             ("credentials", "pubsub_credentials"),
             ("pull", "pubsub_pull"),
+            ("max_ids", "notify_max_ids"),
+            ("max_bytes", "notify_max_bytes"),
         ],
     ),
 ];
@@ -194,19 +206,65 @@ pub(super) fn resolve_queue(
     // can keep them while it switches queues).
     let nats_keys = nats_settings(&mut keys, err)?;
     let pubsub_keys = pubsub_settings(&mut keys, err)?;
+    let limits = message_limits(&keys, err)?;
     match location.as_str() {
-        "memory" => Ok(QueueConfig::Memory),
+        "memory" => Ok(QueueConfig::Memory(limits)),
         url if url.starts_with("nats://") || url.starts_with("tls://") => {
-            nats(url, nats_keys, lease, err).map(QueueConfig::Nats)
+            nats(url, nats_keys, lease, err).map(|c| {
+                QueueConfig::Nats(herald_nats::NatsConfig {
+                    message_limits: limits,
+                    ..c
+                })
+            })
         }
-        url if url.starts_with("pubsub://") => {
-            pubsub(url, pubsub_keys, lease, err).map(QueueConfig::Pubsub)
-        }
+        url if url.starts_with("pubsub://") => pubsub(url, pubsub_keys, lease, err).map(|c| {
+            QueueConfig::Pubsub(herald_pubsub::PubsubConfig {
+                message_limits: limits,
+                ..c
+            })
+        }),
         other => Err(err(
             "queue",
             format!("{:?} is not a queue this build has; write \"memory\" (the in-process queue), a NATS URL like \"nats://127.0.0.1:4222\", or a Pub/Sub location like \"pubsub://PROJECT/TOPIC?subscription=NAME\"", redact_credentials(other)),
         )),
     }
+}
+
+/// The smallest `notify_max_bytes`: a notification of one event of the
+/// longest tenant name fits.
+fn least_message_bytes() -> usize {
+    herald::Notification::encoded_len(&"t".repeat(herald::client::MAX_NAME_LEN), 1)
+}
+
+/// `notify_max_ids` and `notify_max_bytes`, checked: how large a
+/// notification publishers make, on any queue.
+fn message_limits(
+    keys: &QueueKeys,
+    err: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<herald::MessageLimits, ConfigError> {
+    let default = herald::MessageLimits::default();
+    let ids = match keys.notify_max_ids {
+        None => default.ids,
+        Some(n @ 1..=100_000) => n as usize,
+        Some(n) => {
+            return Err(err(
+                "notify_max_ids",
+                format!("{n} is not a usable number of events per notification: write 1 (one event per message) to 100000 ({} is the default)", default.ids),
+            ))
+        }
+    };
+    let least = least_message_bytes();
+    let bytes = match keys.notify_max_bytes {
+        None => default.bytes,
+        Some(n) if n >= least as u64 && n <= 10_000_000 => n as usize,
+        Some(n) => {
+            return Err(err(
+                "notify_max_bytes",
+                format!("{n} is not a usable notification size: write {least} (one event of the longest tenant name) to 10000000, Pub/Sub's largest message ({} is the default)", default.bytes),
+            ))
+        }
+    };
+    Ok(herald::MessageLimits { ids, bytes })
 }
 
 /// The NATS keys, checked.

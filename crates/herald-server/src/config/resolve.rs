@@ -53,6 +53,7 @@ pub(super) fn resolve(mut raw: FileConfig, origins: &Origins) -> Result<ServeCon
         max_payload_bytes: limits.max_payload_bytes,
         max_request_bytes: limits.max_request_bytes,
         max_batch: limits.max_batch,
+        notify_linger: limits.notify_linger,
         worker,
         worker_named,
         shutdown_grace,
@@ -70,6 +71,7 @@ struct Limits {
     max_payload_bytes: usize,
     max_request_bytes: usize,
     max_batch: usize,
+    notify_linger: Duration,
 }
 
 fn resolve_limits(raw: &FileConfig, err: &Refuse<'_>) -> Result<Limits, ConfigError> {
@@ -121,6 +123,16 @@ fn resolve_limits(raw: &FileConfig, err: &Refuse<'_>) -> Result<Limits, ConfigEr
     }
     let max_batch =
         positive(raw.max_batch, DEFAULT_MAX_BATCH as u64).map_err(|m| err("max_batch", m))?;
+    let notify_linger = match raw.notify_linger {
+        None => herald::client::DEFAULT_NOTIFY_LINGER,
+        Some(Dur(d)) if d <= Duration::from_secs(1) => d,
+        Some(Dur(d)) => {
+            return Err(err(
+                "notify_linger",
+                format!("{d:?} is too long: every emit waits this long before its notifications are published; write up to 1s (1ms is the default, 0s publishes at once)"),
+            ))
+        }
+    };
     Ok(Limits {
         pg_max_connections,
         pg_acquire_timeout,
@@ -128,6 +140,7 @@ fn resolve_limits(raw: &FileConfig, err: &Refuse<'_>) -> Result<Limits, ConfigEr
         max_payload_bytes,
         max_request_bytes,
         max_batch,
+        notify_linger,
     })
 }
 

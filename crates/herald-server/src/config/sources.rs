@@ -40,6 +40,8 @@ pub(super) const ENV_KEYS: &[(&str, &str, Kind)] = &[
         Kind::Text,
     ),
     ("HERALD_PUBSUB_PULL", "pubsub_pull", Kind::Text),
+    ("HERALD_NOTIFY_MAX_IDS", "notify_max_ids", Kind::Integer),
+    ("HERALD_NOTIFY_MAX_BYTES", "notify_max_bytes", Kind::Integer),
     (
         "HERALD_PG_MAX_CONNECTIONS",
         "pg_max_connections",
@@ -51,6 +53,7 @@ pub(super) const ENV_KEYS: &[(&str, &str, Kind)] = &[
         Kind::Text,
     ),
     ("HERALD_LISTEN", "listen", Kind::Text),
+    ("HERALD_NOTIFY_LINGER", "notify_linger", Kind::Text),
     (
         "HERALD_MAX_PAYLOAD_BYTES",
         "max_payload_bytes",

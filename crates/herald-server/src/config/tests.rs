@@ -591,7 +591,7 @@ fn a_queue_table_says_the_same_as_the_flat_keys() {
         Overrides::default(),
     )
     .unwrap();
-    assert!(matches!(c.queue, QueueConfig::Memory));
+    assert!(matches!(c.queue, QueueConfig::Memory(_)));
 }
 
 #[test]
@@ -602,7 +602,7 @@ fn a_bad_queue_table_names_its_key() {
         ("[queue]\nkind = 3", "queue.kind: 3 is not a queue kind"),
         ("[queue]\nkind = \"nats\"", "queue.url: is missing: a NATS queue needs its server"),
         ("[queue]\nkind = \"pubsub\"\nproject = \"my-project\"", "queue.topic: is missing"),
-        ("[queue]\nkind = \"pubsub\"\nproject = \"my-project\"\ntopic = \"events\"\nstream = \"x\"", "queue.stream: unknown key for a pubsub queue; expected kind or one of [\"project\", \"topic\", \"subscription\", \"max_outstanding\", \"credentials\", \"pull\"]"),
+        ("[queue]\nkind = \"pubsub\"\nproject = \"my-project\"\ntopic = \"events\"\nstream = \"x\"", "queue.stream: unknown key for a pubsub queue; expected kind or one of [\"project\", \"topic\", \"subscription\", \"max_outstanding\", \"credentials\", \"pull\", \"max_ids\", \"max_bytes\"]"),
         ("[queue]\nkind = \"memory\"\nurl = \"x\"", "queue.url: unknown key for a memory queue"),
         ("[queue]\nkind = \"nats\"\nurl = 4222", "queue.url: 4222 is not text"),
         ("nats_stream = \"a\"\n[queue]\nkind = \"nats\"\nurl = \"nats://n1:4222\"\nstream = \"b\"", "queue.stream: is set here and as nats_stream too: keep one"),
@@ -649,7 +649,7 @@ fn every_queue_s_keys_are_checked_whichever_queue_is_used() {
         Overrides::default(),
     )
     .unwrap();
-    assert!(matches!(c.queue, QueueConfig::Memory), "{c:?}");
+    assert!(matches!(c.queue, QueueConfig::Memory(_)), "{c:?}");
 }
 
 #[test]
@@ -739,4 +739,52 @@ fn credentials_in_the_url_and_a_credentials_file_are_not_both_taken() {
         "{m}"
     );
     assert!(!m.contains("secret"), "{m}");
+}
+
+#[test]
+fn notification_limits_apply_to_every_queue_and_unusable_ones_are_refused() {
+    let limits = |ids, bytes| herald::MessageLimits { ids, bytes };
+    let c = load_with(
+        Some("notify_max_ids = 8\nnotify_max_bytes = 4096\n"),
+        &[],
+        Overrides::default(),
+    )
+    .unwrap();
+    assert!(
+        matches!(c.queue, QueueConfig::Memory(l) if l == limits(8, 4096)),
+        "{c:?}"
+    );
+    let c = load_with(
+        Some("queue = \"nats://n1:4222\"\n"),
+        &[("HERALD_NOTIFY_MAX_IDS", "1")],
+        Overrides::default(),
+    )
+    .unwrap();
+    assert_eq!(nats(&c).message_limits, limits(1, 8 << 10));
+    let c = load_with(
+        Some("[queue]\nkind = \"pubsub\"\nproject = \"my-project\"\ntopic = \"events\"\nmax_ids = 16\nmax_bytes = 2000\n"),
+        &[],
+        Overrides::default(),
+    )
+    .unwrap();
+    assert_eq!(pubsub(&c).message_limits, limits(16, 2000));
+    let c = load_with(Some("notify_linger = \"0s\""), &[], Overrides::default()).unwrap();
+    assert_eq!(c.notify_linger, Duration::ZERO);
+    for (file, says) in [
+        (
+            "notify_linger = \"2s\"",
+            "notify_linger: 2s is too long",
+        ),
+        (
+            "notify_max_ids = 0",
+            "notify_max_ids: 0 is not a usable number of events per notification: write 1",
+        ),
+        (
+            "notify_max_bytes = 100",
+            "notify_max_bytes: 100 is not a usable notification size: write 266 (one event of the longest tenant name)",
+        ),
+    ] {
+        let m = message(load_with(Some(file), &[], Overrides::default()));
+        assert!(m.contains(says), "{file}: {m}");
+    }
 }
