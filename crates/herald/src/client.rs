@@ -13,7 +13,7 @@ use crate::model::{
 };
 use crate::publisher::Publisher;
 pub use crate::publisher::DEFAULT_NOTIFY_LINGER;
-use crate::queue::{Publish, Queue};
+use crate::queue::Queue;
 use crate::retry::DEFAULT_MAX_ATTEMPTS;
 use crate::store::{Count, CountsQuery, EventFilter, HandlerCounts, Scheduled, Store, StoreError};
 
@@ -356,18 +356,6 @@ impl Client {
         })
     }
 
-    /// Publishes; a failure loses nothing (the events are stored, and the
-    /// reconciler notifies them), so it is logged, not returned.
-    async fn notify(&self, batch: &[Publish]) {
-        if batch.is_empty() {
-            return;
-        }
-        if let Err(e) = self.queue.publish(batch).await {
-            let events: usize = batch.iter().map(|p| p.notification.event_ids.len()).sum();
-            tracing::warn!(error = %e, events, messages = batch.len(), "events stored but not notified; the reconciler will notify them");
-        }
-    }
-
     /// Pauses `(tenant, handler)`: its events stay stored and do not start.
     /// Returns false if it was already paused.
     pub async fn pause(&self, tenant: &str, handler: &str) -> Result<bool, ClientError> {
@@ -431,8 +419,7 @@ impl Client {
             let Some(last) = page.last() else { break };
             after = Some(last.event_id);
             release.notified += page.len() as u64;
-            self.notify(&Publish::group(page, self.queue.message_limits()))
-                .await;
+            self.publisher.publish_now(page).await;
         }
         Ok(release)
     }
@@ -442,7 +429,7 @@ impl Client {
     pub async fn retry_dead(&self, id: EventId) -> Result<bool, ClientError> {
         match self.store.revive(id).await? {
             Some(s) => {
-                self.notify(&[Publish::from(s)]).await;
+                self.publisher.publish_now(vec![s]).await;
                 Ok(true)
             }
             None => Ok(false),

@@ -49,7 +49,7 @@ impl Publisher {
             return;
         }
         if self.linger.is_zero() {
-            return publish(self.queue.as_ref(), events).await;
+            return self.publish_now(events).await;
         }
         let inbox = self.inbox.get_or_init(|| {
             let (tx, rx) = mpsc::unbounded_channel();
@@ -57,13 +57,21 @@ impl Publisher {
             tx
         });
         let (published, wait) = oneshot::channel();
-        let pending = Pending {
-            events: events.clone(),
-            published,
-        };
-        if inbox.send(pending).is_err() || wait.await.is_err() {
-            // The grouping task is gone (its runtime was shut down), maybe
-            // before it published: publish here. A duplicate is harmless.
+        match inbox.send(Pending { events, published }) {
+            // The grouping task is gone (its runtime was shut down): here.
+            Err(mpsc::error::SendError(p)) => self.publish_now(p.events).await,
+            Ok(()) => {
+                if wait.await.is_err() {
+                    tracing::warn!("the notifier stopped before publishing an emit's notifications; the reconciler will notify them");
+                }
+            }
+        }
+    }
+
+    /// Publishes the notifications of `events` now, grouped among
+    /// themselves (re-notifies: their pages are batches already).
+    pub(crate) async fn publish_now(&self, events: Vec<Scheduled>) {
+        if !events.is_empty() {
             publish(self.queue.as_ref(), events).await;
         }
     }

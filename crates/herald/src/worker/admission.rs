@@ -53,10 +53,8 @@ pub(super) async fn receive_loop(shared: Arc<WorkerState>, ended: mpsc::Unbounde
             }
         };
         pause = Duration::from_millis(50);
-        let (mut batch, extra) = Batch::read(deliveries, room, free);
-        shared.record(RunEvent::Received(
-            batch.messages.len() + batch.garbage.len(),
-        ));
+        let (batch, extra) = Batch::read(deliveries, room, free);
+        shared.record(RunEvent::Received(batch.messages + batch.garbage.len()));
         if !extra.is_empty() {
             // More than asked for, or more events than the free claims
             // hold: give the rest straight back, to be received again.
@@ -68,8 +66,8 @@ pub(super) async fn receive_loop(shared: Arc<WorkerState>, ended: mpsc::Unbounde
                 tracing::warn!(error = %e, "nack failed; the queue will redeliver after its deadline");
             }
         }
-        if !batch.messages.is_empty() {
-            let seen = batch.notes.len() as f64 / batch.messages.len() as f64;
+        if batch.messages > 0 {
+            let seen = batch.notes.len() as f64 / batch.messages as f64;
             events_per_message = (events_per_message + seen) / 2.0;
         }
         let n = batch.notes.len().min(free);
@@ -84,24 +82,20 @@ pub(super) async fn receive_loop(shared: Arc<WorkerState>, ended: mpsc::Unbounde
         } else if n < held {
             drop(claims.split(held - n));
         }
-        batch.claims = Some(claims);
         shared
             .tasks
-            .spawn(admit_batch(shared.clone(), batch, ended.clone()));
+            .spawn(admit_batch(shared.clone(), batch, claims, ended.clone()));
     }
 }
 
 /// One batch of received messages, read.
 struct Batch {
-    /// The messages that are notifications.
-    messages: Vec<Arc<Message>>,
-    /// Each event of each message, with its message.
+    /// How many messages are notifications.
+    messages: usize,
+    /// Each event of each of those messages, with its message.
     notes: Vec<(EventId, Arc<Message>)>,
     /// Messages that are not notifications.
     garbage: Vec<DeliveryTag>,
-    /// One claim per event (fewer when one message alone has more events
-    /// than the worker has free claims).
-    claims: Option<OwnedSemaphorePermit>,
 }
 
 impl Batch {
@@ -114,10 +108,9 @@ impl Batch {
         free: usize,
     ) -> (Batch, Vec<(DeliveryTag, Duration)>) {
         let mut batch = Batch {
-            messages: Vec::new(),
+            messages: 0,
             notes: Vec::new(),
             garbage: Vec::new(),
-            claims: None,
         };
         let mut extra = Vec::new();
         for (i, d) in deliveries.into_iter().enumerate() {
@@ -140,7 +133,7 @@ impl Batch {
                     batch
                         .notes
                         .extend(n.event_ids.iter().map(|id| (*id, message.clone())));
-                    batch.messages.push(message);
+                    batch.messages += 1;
                 }
             }
         }
@@ -172,14 +165,15 @@ async fn free_claims(shared: &WorkerState) -> OwnedSemaphorePermit {
 
 /// Claims a batch in one store call; runs what was claimed; asks the store
 /// why the rest was not, and answers each notification per [`decision::admit`].
-async fn admit_batch(shared: Arc<WorkerState>, batch: Batch, ended: mpsc::UnboundedSender<Ended>) {
-    let Batch {
-        notes,
-        garbage,
-        claims,
-        ..
-    } = batch;
-    let mut claims = claims.expect("the receive loop takes the batch's claims");
+/// `claims` holds one claim per event (fewer when one message alone has
+/// more events than the worker had free claims).
+async fn admit_batch(
+    shared: Arc<WorkerState>,
+    batch: Batch,
+    mut claims: OwnedSemaphorePermit,
+    ended: mpsc::UnboundedSender<Ended>,
+) {
+    let Batch { notes, garbage, .. } = batch;
     if !garbage.is_empty() {
         shared.record(RunEvent::Garbage(garbage.len()));
         if let Err(e) = shared.queue.terminate(&garbage).await {
