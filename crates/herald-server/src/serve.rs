@@ -205,7 +205,8 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
     let state = Arc::new(api::AppState {
         client: Client::new(store.clone(), queue.clone())
             .max_payload(config.max_payload_bytes)
-            .notify_linger(config.notify_linger),
+            .notify_linger(config.notify_linger)
+            .group_commit(config.group_commit_writes),
         tokens,
         tracker,
         metrics,

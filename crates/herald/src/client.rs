@@ -7,6 +7,8 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
+use crate::group_commit::GroupCommit;
+pub use crate::group_commit::{DEFAULT_GROUP_COMMIT_WRITES, GROUP_MAX_EVENTS};
 use crate::handler::Job;
 use crate::model::{
     Emitted, Event, EventId, EventState, Millis, NewEvent, Rule, RuleKind, RuleMatch,
@@ -153,6 +155,7 @@ pub struct Client {
     queue: Arc<dyn Queue>,
     max_payload: usize,
     publisher: Arc<Publisher>,
+    commit: Arc<GroupCommit>,
 }
 
 /// How many events a re-notify page holds.
@@ -163,6 +166,7 @@ impl Client {
     pub fn new(store: Arc<dyn Store>, queue: Arc<dyn Queue>) -> Self {
         Client {
             publisher: Arc::new(Publisher::new(queue.clone(), DEFAULT_NOTIFY_LINGER)),
+            commit: Arc::new(GroupCommit::new(store.clone(), DEFAULT_GROUP_COMMIT_WRITES)),
             store,
             queue,
             max_payload: DEFAULT_MAX_PAYLOAD,
@@ -177,6 +181,20 @@ impl Client {
     /// close in time share messages (docs/semantics.md).
     pub fn notify_linger(mut self, linger: Duration) -> Self {
         self.publisher = Arc::new(Publisher::new(self.queue.clone(), linger));
+        self
+    }
+
+    /// Sets how many store writes of emits may run at once (default
+    /// [`DEFAULT_GROUP_COMMIT_WRITES`]). An emit that finds one free is
+    /// written at once; emits that arrive while all are busy are written
+    /// together by the next free one, in one store call (group commit:
+    /// single emits under load share statements and commits). Zero writes
+    /// each emit on its own, as it comes, with no limit on how many at once.
+    /// Batches of [`GROUP_MAX_EVENTS`] or more are always written on their
+    /// own. Each emit's answer is its own: a grouped write that fails for
+    /// one emit's events is tried again emit by emit.
+    pub fn group_commit(mut self, writes: usize) -> Self {
+        self.commit = Arc::new(GroupCommit::new(self.store.clone(), writes));
         self
     }
 
@@ -279,7 +297,8 @@ impl Client {
     /// carries the job's max attempts), or use [`Client::emit_many`].
     pub async fn emit_batch(&self, batch: Vec<EmitRequest>) -> Result<Vec<Emitted>, ClientError> {
         let events = self.prepare(batch)?;
-        let emitted = self.store.emit(&events).await?;
+        let (events, emitted) = self.commit.emit(events).await;
+        let emitted = emitted?;
         self.notify_emitted(&events, &emitted).await;
         Ok(emitted)
     }

@@ -4,6 +4,7 @@
 
 pub mod client;
 pub mod decision;
+mod group_commit;
 pub mod handler;
 pub mod memory_queue;
 pub mod model;

@@ -27,6 +27,7 @@ pub(super) struct FileConfig {
     pub(super) pg_max_connections: Option<u64>,
     pub(super) pg_acquire_timeout: Option<Dur>,
     pub(super) notify_linger: Option<Dur>,
+    pub(super) group_commit_writes: Option<u64>,
     pub(super) listen: Option<String>,
     pub(super) max_payload_bytes: Option<u64>,
     pub(super) max_request_bytes: Option<u64>,

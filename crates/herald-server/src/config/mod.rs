@@ -164,6 +164,10 @@ pub struct ServeConfig {
     /// How long an emit's notifications wait for other emits' to be
     /// published with them ([`herald::Client::notify_linger`]).
     pub notify_linger: Duration,
+    /// How many store writes of emits run at once; emits that arrive
+    /// while all are busy are written together ([`herald::Client::group_commit`];
+    /// 0: each emit on its own).
+    pub group_commit_writes: usize,
     /// The worker's settings.
     pub worker: WorkerConfig,
     /// Whether `worker.name` was set; if not, the server names its worker

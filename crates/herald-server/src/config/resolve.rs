@@ -54,6 +54,7 @@ pub(super) fn resolve(mut raw: FileConfig, origins: &Origins) -> Result<ServeCon
         max_request_bytes: limits.max_request_bytes,
         max_batch: limits.max_batch,
         notify_linger: limits.notify_linger,
+        group_commit_writes: limits.group_commit_writes,
         worker,
         worker_named,
         shutdown_grace,
@@ -72,6 +73,7 @@ struct Limits {
     max_request_bytes: usize,
     max_batch: usize,
     notify_linger: Duration,
+    group_commit_writes: usize,
 }
 
 fn resolve_limits(raw: &FileConfig, err: &Refuse<'_>) -> Result<Limits, ConfigError> {
@@ -133,6 +135,16 @@ fn resolve_limits(raw: &FileConfig, err: &Refuse<'_>) -> Result<Limits, ConfigEr
             ))
         }
     };
+    let group_commit_writes = match raw.group_commit_writes {
+        None => herald::client::DEFAULT_GROUP_COMMIT_WRITES,
+        Some(n) if n <= 256 => n as usize,
+        Some(n) => {
+            return Err(err(
+                "group_commit_writes",
+                format!("{n} is too many: each write holds a pool connection; write up to 256 ({} is the default, 0 writes each emit on its own)", herald::client::DEFAULT_GROUP_COMMIT_WRITES),
+            ))
+        }
+    };
     Ok(Limits {
         pg_max_connections,
         pg_acquire_timeout,
@@ -141,6 +153,7 @@ fn resolve_limits(raw: &FileConfig, err: &Refuse<'_>) -> Result<Limits, ConfigEr
         max_request_bytes,
         max_batch,
         notify_linger,
+        group_commit_writes,
     })
 }
 

@@ -55,6 +55,11 @@ pub(super) const ENV_KEYS: &[(&str, &str, Kind)] = &[
     ("HERALD_LISTEN", "listen", Kind::Text),
     ("HERALD_NOTIFY_LINGER", "notify_linger", Kind::Text),
     (
+        "HERALD_GROUP_COMMIT_WRITES",
+        "group_commit_writes",
+        Kind::Integer,
+    ),
+    (
         "HERALD_MAX_PAYLOAD_BYTES",
         "max_payload_bytes",
         Kind::Integer,

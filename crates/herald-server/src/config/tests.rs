@@ -770,7 +770,18 @@ fn notification_limits_apply_to_every_queue_and_unusable_ones_are_refused() {
     assert_eq!(pubsub(&c).message_limits, limits(16, 2000));
     let c = load_with(Some("notify_linger = \"0s\""), &[], Overrides::default()).unwrap();
     assert_eq!(c.notify_linger, Duration::ZERO);
+    let c = load_with(None, &[], Overrides::default()).unwrap();
+    assert_eq!(
+        c.group_commit_writes,
+        herald::client::DEFAULT_GROUP_COMMIT_WRITES
+    );
+    let c = load_with(Some("group_commit_writes = 0"), &[], Overrides::default()).unwrap();
+    assert_eq!(c.group_commit_writes, 0);
     for (file, says) in [
+        (
+            "group_commit_writes = 1000",
+            "group_commit_writes: 1000 is too many",
+        ),
         (
             "notify_linger = \"2s\"",
             "notify_linger: 2s is too long",

@@ -17,6 +17,7 @@
 //! `async fn() -> herald::testkit::queue::TestQueue` its own empty queue.
 
 pub mod engine;
+pub mod faults;
 pub mod parity;
 pub mod queue;
 pub mod store;
@@ -223,6 +224,9 @@ macro_rules! engine_suite {
             unknown_handler_is_stored_and_kept,
             bad_payloads_are_refused_and_nothing_is_stored,
             idempotency_key_runs_once,
+            concurrent_single_emits_each_get_their_own_event_and_run_once,
+            concurrent_emits_of_one_key_store_one_event,
+            a_refused_emit_fails_only_itself_in_a_group,
             dead_event_can_be_retried,
         );
     };

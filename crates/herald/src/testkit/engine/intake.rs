@@ -6,7 +6,7 @@ use super::{Rig, H, QUIET, SOON, T};
 use crate::client::{ClientError, EmitOptions, EmitRequest};
 use crate::model::EventState;
 use crate::store::Store;
-use crate::testkit::eventually;
+use crate::testkit::{eventually, stored};
 
 /// Garbage on the queue is dropped with a log line; real events still run.
 pub async fn garbage_on_the_queue_is_dropped(store: Arc<dyn Store>) {
@@ -138,5 +138,127 @@ pub async fn idempotency_key_runs_once(store: Arc<dyn Store>) {
     let d = rig.client.emit_json(T, H, "{}", opts).await.unwrap();
     assert!(matches!(d, crate::Emitted::Created(_)));
     rig.runs_once(d.id()).await;
+    w.shutdown(SOON).await;
+}
+
+/// Single emits from many tasks at once (written together by group
+/// commit): each is answered with its own event, every one is stored, and
+/// each runs once.
+pub async fn concurrent_single_emits_each_get_their_own_event_and_run_once(store: Arc<dyn Store>) {
+    let rig = Rig::new(store).await;
+    // Paused while they come in, so that each can be read back.
+    rig.client.pause(T, H).await.unwrap();
+    let w = rig.worker();
+    let emits = (0..300).map(|i| {
+        let client = rig.client.clone();
+        tokio::spawn(async move {
+            let payload = format!(r#"{{"n":{i}}}"#);
+            let out = client
+                .emit_json(T, H, &payload, EmitOptions::default())
+                .await
+                .expect("emit");
+            assert!(matches!(out, crate::Emitted::Created(_)), "{out:?}");
+            (out.id(), payload)
+        })
+    });
+    let mut ids = Vec::new();
+    for e in emits.collect::<Vec<_>>() {
+        let (id, payload) = e.await.expect("emit task");
+        // Its answer names its own event: the payload it sent.
+        let stored = rig.store.get(id).await.unwrap().expect("stored");
+        assert_eq!(
+            stored.payload, payload,
+            "event {id} holds another emit's payload"
+        );
+        ids.push(id);
+    }
+    let distinct: std::collections::HashSet<_> = ids.iter().collect();
+    assert_eq!(distinct.len(), 300, "every emit has its own event");
+    assert_eq!(rig.stored().await, 300);
+    rig.client.unpause(T, H).await.unwrap();
+    rig.each_runs_once(&ids).await;
+    eventually("every event is deleted", SOON, || {
+        let store = rig.store.clone();
+        async move { stored(store.as_ref()).await == 0 }
+    })
+    .await;
+    w.shutdown(SOON).await;
+}
+
+/// Emits of one idempotency key from many tasks at once: one is created,
+/// every other is answered with that event, and one event is stored.
+pub async fn concurrent_emits_of_one_key_store_one_event(store: Arc<dyn Store>) {
+    let rig = Rig::new(store).await;
+    rig.client.pause(T, H).await.unwrap();
+    let emits = (0..50).map(|_| {
+        let client = rig.client.clone();
+        tokio::spawn(async move {
+            let opts = EmitOptions::default().idempotency_key("signup-7");
+            client.emit_json(T, H, "{}", opts).await.expect("emit")
+        })
+    });
+    let mut answers = Vec::new();
+    for e in emits.collect::<Vec<_>>() {
+        answers.push(e.await.expect("emit task"));
+    }
+    let created: Vec<_> = answers
+        .iter()
+        .filter(|a| matches!(a, crate::Emitted::Created(_)))
+        .collect();
+    assert_eq!(created.len(), 1, "one emit creates the event: {answers:?}");
+    let id = created[0].id();
+    assert!(answers.iter().all(|a| a.id() == id), "{answers:?}");
+    assert_eq!(rig.stored().await, 1);
+    let w = rig.worker();
+    rig.client.unpause(T, H).await.unwrap();
+    rig.runs_once(id).await;
+    w.shutdown(SOON).await;
+}
+
+/// A grouped write that the store refuses because of one emit's events
+/// fails that emit only: the others of its group are stored and run.
+pub async fn a_refused_emit_fails_only_itself_in_a_group(store: Arc<dyn Store>) {
+    let refusing: Arc<dyn Store> = Arc::new(crate::testkit::faults::RefusingEmits {
+        inner: store.clone(),
+        tenant: "refused".into(),
+    });
+    let rig = Rig::new(store).await;
+    // One write at a time, so that concurrent emits surely share writes.
+    let client = crate::Client::new(refusing, rig.queue.clone()).group_commit(1);
+    let w = rig.worker();
+    let emits = (0..100).map(|i| {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let tenant = if i % 10 == 0 { "refused" } else { T };
+            (
+                tenant,
+                client
+                    .emit_json(tenant, H, "{}", EmitOptions::default())
+                    .await,
+            )
+        })
+    });
+    let mut ok = Vec::new();
+    for e in emits.collect::<Vec<_>>() {
+        match e.await.expect("emit task") {
+            ("refused", Err(ClientError::Store(err))) => {
+                assert!(
+                    err.to_string().contains("refuses events of tenant"),
+                    "{err}"
+                );
+            }
+            ("refused", other) => panic!("a refused emit was answered {other:?}"),
+            (_, Ok(out)) => ok.push(out.id()),
+            (_, Err(err)) => panic!("an emit grouped with a refused one failed: {err}"),
+        }
+    }
+    assert_eq!(ok.len(), 90);
+    rig.each_runs_once(&ok).await;
+    // Nothing of the refused tenant was stored: the store ends empty.
+    eventually("every event is deleted", SOON, || {
+        let store = rig.store.clone();
+        async move { stored(store.as_ref()).await == 0 }
+    })
+    .await;
     w.shutdown(SOON).await;
 }

@@ -267,6 +267,20 @@ impl Rig {
         assert_eq!(self.ledger.runs_of(id), 1, "the event ran more than once");
     }
 
+    /// [`Rig::runs_once`] for many events, with one quiet period for all.
+    async fn each_runs_once(&self, ids: &[EventId]) {
+        let ledger = self.ledger.clone();
+        eventually("every event runs", SOON, || {
+            let all = ids.iter().all(|id| ledger.runs_of(*id) >= 1);
+            async move { all }
+        })
+        .await;
+        tokio::time::sleep(QUIET).await;
+        for id in ids {
+            assert_eq!(self.ledger.runs_of(*id), 1, "event {id} ran more than once");
+        }
+    }
+
     async fn until_gone(&self, id: EventId) {
         let store = self.store.clone();
         eventually("the event is done and deleted", SOON, || {

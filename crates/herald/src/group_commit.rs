@@ -1,0 +1,181 @@
+//! Group commit: emits that arrive while earlier ones are being written
+//! wait for a free write and are stored together, in one store call.
+//!
+//! One request per single emit costs a statement and a commit each; under
+//! load, most of an emit's time is spent queued behind other commits. Here
+//! at most `writes` store calls run at once: an emit that finds one free is
+//! written at once, alone (no added latency when the load is light), and
+//! the emits that arrive while all are busy form the next group.
+
+use std::sync::{Arc, OnceLock};
+
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use crate::model::{Emitted, NewEvent};
+use crate::store::{Store, StoreError, StoreResult};
+
+/// How many grouped store writes may run at once by default: see
+/// [`crate::Client::group_commit`].
+pub const DEFAULT_GROUP_COMMIT_WRITES: usize = 4;
+
+/// The most events one group holds; an emit of this many or more is
+/// written on its own, as it comes.
+pub const GROUP_MAX_EVENTS: usize = 1000;
+
+/// An emit's events and the answer to it: the events come back with the
+/// result, for their notifications.
+type Answer = (Vec<NewEvent>, StoreResult<Vec<Emitted>>);
+
+/// One emit waiting for a write.
+struct Pending {
+    events: Vec<NewEvent>,
+    answer: oneshot::Sender<Answer>,
+}
+
+/// Writes emits, grouping those that wait for a free write.
+pub(crate) struct GroupCommit {
+    store: Arc<dyn Store>,
+    writes: usize,
+    /// The grouping task's inbox, started at the first emit (on the
+    /// runtime that makes it).
+    inbox: OnceLock<mpsc::UnboundedSender<Pending>>,
+}
+
+impl GroupCommit {
+    /// Writes to `store` with at most `writes` grouped writes at once (zero:
+    /// each emit is written on its own, as it comes).
+    pub(crate) fn new(store: Arc<dyn Store>, writes: usize) -> Self {
+        GroupCommit {
+            store,
+            writes,
+            inbox: OnceLock::new(),
+        }
+    }
+
+    /// Stores `events`, perhaps together with other emits' events, and
+    /// returns them with the store's answer for them, in their order.
+    pub(crate) async fn emit(&self, events: Vec<NewEvent>) -> Answer {
+        if self.writes == 0 || events.len() >= GROUP_MAX_EVENTS {
+            let out = self.store.emit(&events).await;
+            return (events, out);
+        }
+        let inbox = self.inbox.get_or_init(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(write_groups(self.store.clone(), self.writes, rx));
+            tx
+        });
+        let (answer, wait) = oneshot::channel();
+        match inbox.send(Pending { events, answer }) {
+            // The grouping task is gone (its runtime was shut down): here.
+            Err(mpsc::error::SendError(p)) => {
+                let out = self.store.emit(&p.events).await;
+                (p.events, out)
+            }
+            Ok(()) => wait.await.unwrap_or_else(|_| {
+                // Only a runtime shutting down drops a write under way; its
+                // events may or may not be stored, as after a lost
+                // connection.
+                (
+                    Vec::new(),
+                    Err(StoreError::Unavailable {
+                        op: "emit",
+                        source: "the write was dropped as the runtime shut down".into(),
+                    }),
+                )
+            }),
+        }
+    }
+}
+
+/// Takes a free write, then every emit waiting (up to [`GROUP_MAX_EVENTS`]),
+/// and writes them on a task of their own while the next group waits.
+async fn write_groups(
+    store: Arc<dyn Store>,
+    writes: usize,
+    mut inbox: mpsc::UnboundedReceiver<Pending>,
+) {
+    let free = Arc::new(Semaphore::new(writes));
+    loop {
+        let Ok(write) = free.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = inbox.recv().await else {
+            return;
+        };
+        let mut count = first.events.len();
+        let mut group = vec![first];
+        while count < GROUP_MAX_EVENTS {
+            match inbox.try_recv() {
+                Ok(p) => {
+                    count += p.events.len();
+                    group.push(p);
+                }
+                Err(_) => break,
+            }
+        }
+        let store = store.clone();
+        tokio::spawn(async move {
+            write_group(store.as_ref(), group).await;
+            drop(write);
+        });
+    }
+}
+
+/// Writes a group in one store call and answers each emit with its part.
+/// If the call fails for a reason other than a lost store, each emit is
+/// written again on its own, so that one emit's bad event fails only that
+/// emit.
+async fn write_group(store: &dyn Store, mut group: Vec<Pending>) {
+    if group.len() == 1 {
+        let p = group.pop().expect("one");
+        let out = store.emit(&p.events).await;
+        let _ = p.answer.send((p.events, out));
+        return;
+    }
+    let lens: Vec<usize> = group.iter().map(|p| p.events.len()).collect();
+    let mut all: Vec<NewEvent> = group
+        .iter_mut()
+        .flat_map(|p| std::mem::take(&mut p.events))
+        .collect();
+    match store.emit(&all).await {
+        Ok(mut emitted) => {
+            for (p, n) in group.into_iter().zip(lens).rev() {
+                let events = all.split_off(all.len() - n);
+                let out = emitted.split_off(emitted.len() - n);
+                let _ = p.answer.send((events, Ok(out)));
+            }
+        }
+        Err(e @ (StoreError::Unavailable { .. } | StoreError::Closed)) => {
+            // Another try each would wait out the store's retries again:
+            // every emit of the group gets the error (the first the
+            // original, with its source; the others a copy of its text).
+            let copy = |e: &StoreError| match e {
+                StoreError::Unavailable { op, source } => StoreError::Unavailable {
+                    op,
+                    source: source.to_string().into(),
+                },
+                _ => StoreError::Closed,
+            };
+            let mut original = Some(e);
+            for (p, n) in group.into_iter().zip(lens).rev() {
+                let events = all.split_off(all.len() - n);
+                let err = if all.is_empty() {
+                    original
+                        .take()
+                        .expect("taken once, by the group's first emit")
+                } else {
+                    copy(original.as_ref().expect("kept for the first emit"))
+                };
+                let _ = p.answer.send((events, Err(err)));
+            }
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, emits = group.len(), "a grouped emit failed; writing each emit on its own");
+            for (p, n) in group.into_iter().zip(lens).rev() {
+                let events = all.split_off(all.len() - n);
+                let out = store.emit(&events).await;
+                let _ = p.answer.send((events, out));
+            }
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! Stores that fail on purpose, around a real one: for scenarios of what
+//! the engine and the client do when a store call fails.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::model::{Emitted, Event, EventId, LeaseToken, Millis, NewEvent, Rule, RuleMatch};
+use crate::store::{
+    EventFilter, Inspection, LeaseRef, Scheduled, Settle, Store, StoreError, StoreResult,
+    SweepPage, SweepPass,
+};
+
+/// A store that refuses (with [`StoreError::Backend`], nothing written)
+/// every emit that holds an event of one tenant, and passes everything
+/// else to the store inside.
+pub struct RefusingEmits {
+    /// The real store.
+    pub inner: Arc<dyn Store>,
+    /// The tenant whose events are refused.
+    pub tenant: String,
+}
+
+#[async_trait::async_trait]
+impl Store for RefusingEmits {
+    async fn emit(&self, events: &[NewEvent]) -> StoreResult<Vec<Emitted>> {
+        if events.iter().any(|e| e.tenant == self.tenant) {
+            return Err(StoreError::backend(
+                "emit",
+                format!("the test store refuses events of tenant {:?}", self.tenant),
+            ));
+        }
+        self.inner.emit(events).await
+    }
+    async fn claim(
+        &self,
+        ids: &[EventId],
+        handlers: &[String],
+        token: LeaseToken,
+        lease: Duration,
+    ) -> StoreResult<Vec<Event>> {
+        self.inner.claim(ids, handlers, token, lease).await
+    }
+    async fn inspect(&self, ids: &[EventId]) -> StoreResult<Inspection> {
+        self.inner.inspect(ids).await
+    }
+    async fn settle(&self, batch: &[Settle]) -> StoreResult<Vec<bool>> {
+        self.inner.settle(batch).await
+    }
+    async fn renew(&self, leases: &[LeaseRef], lease: Duration) -> StoreResult<Vec<bool>> {
+        self.inner.renew(leases, lease).await
+    }
+    async fn add_rule(&self, rule: &Rule) -> StoreResult<bool> {
+        self.inner.add_rule(rule).await
+    }
+    async fn remove_rule(&self, rule: &Rule) -> StoreResult<bool> {
+        self.inner.remove_rule(rule).await
+    }
+    async fn rules_for(&self, tenant: &str, handler: &str) -> StoreResult<RuleMatch> {
+        self.inner.rules_for(tenant, handler).await
+    }
+    async fn rules(&self) -> StoreResult<Vec<Rule>> {
+        self.inner.rules().await
+    }
+    async fn renotify_page(
+        &self,
+        tenant: &str,
+        handler: &str,
+        after: Option<EventId>,
+        limit: usize,
+    ) -> StoreResult<Vec<Scheduled>> {
+        self.inner
+            .renotify_page(tenant, handler, after, limit)
+            .await
+    }
+    async fn sweep(
+        &self,
+        quiet: Duration,
+        pass: Option<SweepPass>,
+        limit: usize,
+    ) -> StoreResult<SweepPage> {
+        self.inner.sweep(quiet, pass, limit).await
+    }
+    async fn lead(
+        &self,
+        role: &str,
+        holder: &str,
+        lease: Duration,
+    ) -> StoreResult<crate::Leadership> {
+        self.inner.lead(role, holder, lease).await
+    }
+    async fn resign(&self, role: &str, holder: &str) -> StoreResult<()> {
+        self.inner.resign(role, holder).await
+    }
+    async fn purge(
+        &self,
+        dead_before: Millis,
+        done_before: Millis,
+        limit: usize,
+    ) -> StoreResult<u64> {
+        self.inner.purge(dead_before, done_before, limit).await
+    }
+    async fn upkeep(&self) -> StoreResult<()> {
+        self.inner.upkeep().await
+    }
+    async fn get(&self, id: EventId) -> StoreResult<Option<Event>> {
+        self.inner.get(id).await
+    }
+    async fn history(&self, id: EventId) -> StoreResult<Vec<crate::AttemptError>> {
+        self.inner.history(id).await
+    }
+    async fn list(&self, filter: &EventFilter, limit: usize) -> StoreResult<Vec<Event>> {
+        self.inner.list(filter, limit).await
+    }
+    async fn counts(&self, query: &crate::CountsQuery) -> StoreResult<Vec<crate::HandlerCounts>> {
+        self.inner.counts(query).await
+    }
+    async fn revive(&self, id: EventId) -> StoreResult<Option<Scheduled>> {
+        self.inner.revive(id).await
+    }
+    async fn delete(&self, id: EventId) -> StoreResult<bool> {
+        self.inner.delete(id).await
+    }
+}
