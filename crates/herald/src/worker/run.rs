@@ -20,9 +20,10 @@ use crate::store::LeaseRef;
 
 /// Registers the lease with the heartbeat and spawns the run: it waits for a
 /// handler slot (an event claimed ahead waits here, its lease renewed), then
-/// calls the handler. The slot and the claim (none for the events of a
-/// message past the free claims) are freed when the handler returns; the
-/// lease is renewed until the run is settled.
+/// calls the handler. The slot is freed when the handler returns; the claim
+/// (none for the events of a message past the free claims) once the run is
+/// settled, so that runs waiting for the store count against what the
+/// worker may claim. The lease is renewed until the run is settled.
 pub(super) fn start(
     shared: &Arc<WorkerState>,
     event: Event,
@@ -85,7 +86,6 @@ pub(super) fn start(
             }
         };
         ended.store(true, Ordering::Release);
-        drop(claim);
         tracing::debug!(event = %event.id, handler = %event.handler, attempt = event.attempt, ?end, ?ran, "run ended");
         // The settler outlives every run (shutdown waits for runs first).
         let _ = to_settle.send(Ended {
@@ -94,6 +94,7 @@ pub(super) fn start(
             tenant: event.tenant,
             end,
             instruments,
+            claim,
         });
     });
 }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 use super::admission::written;
 use super::message::{Answers, Message};
@@ -22,6 +22,8 @@ pub(crate) struct Ended {
     pub(super) end: RunEnd,
     /// The handler's metric handles.
     pub(super) instruments: Arc<Instruments>,
+    /// The run's claim, freed once the run is settled (dropped with this).
+    pub(super) claim: Option<OwnedSemaphorePermit>,
 }
 
 impl Ended {
@@ -109,6 +111,10 @@ async fn settle_batch(shared: &WorkerState, batch: Vec<Ended>) {
         for e in &batch {
             runs.remove(&e.claimed.lease);
         }
+    }
+    // Settled: their claims are free for the next events.
+    for e in batch {
+        drop(e.claim);
     }
     answers.send(shared).await;
 }
