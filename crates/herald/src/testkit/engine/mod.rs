@@ -275,6 +275,9 @@ impl Rig {
             async move { all }
         })
         .await;
+        for id in ids {
+            self.until_gone(*id).await;
+        }
         tokio::time::sleep(QUIET).await;
         for id in ids {
             assert_eq!(self.ledger.runs_of(*id), 1, "event {id} ran more than once");
