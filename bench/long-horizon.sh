@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The long-horizon run of issue 11 on a throwaway PostgreSQL 15 cluster
-# configured like a production server (autovacuum on, naptime 60 s, cost
-# delay 2 ms, cost limit 200, scale factors 0.2 / 0.1, shared_buffers 256MB,
-# synchronous_commit on): initdb in a temporary directory, its own port,
-# stopped by its PID at the end (also on failure). Then bench/src/
+# configured like a production server (bench/lib/cluster.sh: autovacuum on,
+# naptime 60 s, cost delay 2 ms, cost limit 200, scale factors 0.2 / 0.1,
+# shared_buffers 256MB, synchronous_commit on): initdb in a temporary
+# directory, its own port, stopped by its PID at the end (also on failure). Then bench/src/
 # long_horizon.rs: a fixed-rate producer (emits of 128, 256-byte payloads),
 # one worker with 32 handlers of 1 ms, phases clean / a transaction held
 # open for HOLD seconds / recovery, sampled every 5 s into a CSV and an SVG.
@@ -34,7 +34,6 @@ WORK_MS=${WORK_MS:-1}
 PORT=${PORT:-54329}
 OUT=${OUT:-long-horizon-out}
 LABEL=${LABEL:-$(git rev-parse --short HEAD 2>/dev/null || true)}
-PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -43,54 +42,12 @@ if [ -z "${BIN:-}" ]; then
   BIN=$CARGO_TARGET_DIR/release/long-horizon
 fi
 
-DATA=$(mktemp -d /tmp/herald-long-horizon.XXXXXX)
-PID=
-stop() {
-  # The postmaster's own PID (not runuser's, which does not pass signals on).
-  if [ -f "$DATA/db/postmaster.pid" ]; then PID=$(head -1 "$DATA/db/postmaster.pid"); fi
-  if [ -n "$PID" ] && kill -0 "$PID" 2>/dev/null; then
-    kill -INT "$PID"  # fast shutdown
-    for _ in $(seq 1 240); do kill -0 "$PID" 2>/dev/null || break; sleep 0.5; done
-  fi
-  if [ -n "$PID" ] && kill -0 "$PID" 2>/dev/null; then
-    echo "postmaster $PID still running; leaving $DATA" >&2
-  else
-    rm -rf "$DATA"
-  fi
-}
-trap stop EXIT
-# initdb refuses to run as root: the cluster belongs to postgres then.
-AS=()
-if [ "$(id -u)" = 0 ]; then
-  chown postgres "$DATA"
-  AS=(runuser -u postgres --)
-fi
-"${AS[@]}" "$PG_BIN/initdb" -D "$DATA/db" -U postgres --auth=trust -E UTF8 >"$OUT/initdb.log"
-cat >>"$DATA/db/postgresql.conf" <<EOF
-port = $PORT
-listen_addresses = '127.0.0.1'
-unix_socket_directories = '$DATA'
-max_connections = 100
-shared_buffers = 256MB
-synchronous_commit = on
-autovacuum = on
-autovacuum_naptime = 60s
-autovacuum_vacuum_cost_delay = 2ms
-autovacuum_vacuum_cost_limit = 200
-autovacuum_vacuum_scale_factor = 0.2
-autovacuum_analyze_scale_factor = 0.1
-log_autovacuum_min_duration = 0
-logging_collector = off
-EOF
-if [ -n "${PG_EXTRA:-}" ]; then printf '%s\n' "$PG_EXTRA" >>"$DATA/db/postgresql.conf"; fi
-"${AS[@]}" "$PG_BIN/postgres" -D "$DATA/db" >"$OUT/postgres.log" 2>&1 &
-PID=$!
-for _ in $(seq 1 60); do
-  "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$PORT" -U postgres && break
-  sleep 0.5
-done
-URL=postgres://postgres@127.0.0.1:$PORT/postgres
-echo "cluster $DATA (pid $PID) on port $PORT; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+# shellcheck source=lib/cluster.sh
+source bench/lib/cluster.sh
+trap cluster_stop EXIT
+cluster_start "$PORT" "$OUT" "${PG_EXTRA:-}"
+URL=$CLUSTER_URL
+echo "cluster $CLUSTER_DATA on port $PORT; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 "$BIN" --store "$URL" --rate "$RATE" --duration "$DURATION" --hold "$HOLD" \
   --hold-at "$HOLD_AT" --handlers "$HANDLERS" --work-ms "$WORK_MS" \
   ${CLAIM_AHEAD:+--claim-ahead "$CLAIM_AHEAD"} \

@@ -280,7 +280,7 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
 }
 
 /// Connects to the configured queue.
-async fn connect_queue(config: &ServeConfig) -> Result<Arc<dyn Queue>, ServeError> {
+pub(crate) async fn connect_queue(config: &ServeConfig) -> Result<Arc<dyn Queue>, ServeError> {
     let failed = |error| ServeError::Queue {
         location: config.queue.to_string(),
         error,
@@ -314,7 +314,8 @@ fn stable_name(addr: std::net::SocketAddr) -> String {
     format!("{host}@{addr}")
 }
 
-async fn open_store(config: &ServeConfig) -> Result<Arc<dyn Store>, StoreError> {
+/// Opens the configured store.
+pub(crate) async fn open_store(config: &ServeConfig) -> Result<Arc<dyn Store>, StoreError> {
     Ok(match &config.store {
         StoreLocation::Sqlite(path) => {
             let path = path.clone();

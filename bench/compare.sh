@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# herald beside the other queues (bench/peers/), in one sitting, on one
+# PostgreSQL: a throwaway cluster configured like a production server
+# (bench/lib/cluster.sh) with pg_stat_statements loaded. Every system runs
+# every case in a fresh database of its own, one after another; the hook
+# bench/lib/mark.sh reads PostgreSQL's CPU, the statements and each
+# process's CPU at the same phases for all of them. Then `herald bench
+# report` turns the runs into one table (Markdown) and charts (SVG).
+#
+#   bench/compare.sh                                  # everything (about an hour)
+#   SYSTEMS="herald-memory skip-locked" CASES="clean latency" bench/compare.sh
+#   EVENTS=50000 BACKLOG=1000000 RATES="500 2000" bench/compare.sh
+#
+# SYSTEMS: herald-sqlite herald-memory herald-nats skip-locked awa
+#   graphile-worker-rs apalis graphile-worker-js pg-boss (herald-sqlite
+#   runs on its own file: only its drain, latency and emit figures mean
+#   anything; herald-nats needs nats-server, started here when missing).
+# CASES: clean (drain EVENTS), delayed (behind BACKLOG delayed a day),
+#   paused (behind BACKLOG of paused handlers over 1,000 tenants, due
+#   earlier: herald only, the peers have no per-tenant pause), hold-tx (the
+#   clean drain while a transaction holds an xid), stale (the delayed drain
+#   with statistics taken while only the backlog was stored), mid-analyze
+#   (the delayed drain with an ANALYZE half-way), latency (each of RATES for
+#   LATENCY_SECONDS), idle (IDLE_SECONDS with nothing to do).
+# OUT (default bench-results/compare-DATE), PORT (54331), PG_CPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+SYSTEMS=${SYSTEMS:-"herald-memory herald-nats skip-locked awa graphile-worker-rs apalis graphile-worker-js pg-boss"}
+CASES=${CASES:-"clean delayed paused hold-tx stale mid-analyze latency idle"}
+EVENTS=${EVENTS:-200000}
+BACKLOG=${BACKLOG:-1000000}
+RATES=${RATES:-"1000 2000 4000 8000"}
+LATENCY_SECONDS=${LATENCY_SECONDS:-15}
+IDLE_SECONDS=${IDLE_SECONDS:-60}
+PORT=${PORT:-54331}
+OUT=${OUT:-bench-results/compare-$(date +%Y%m%d-%H%M%S)}
+PG_CPU=${PG_CPU:-$ROOT/../shared/tools/pg-cpu}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+[ -x "$PG_CPU" ] || { echo "no pg-cpu at $PG_CPU: set PG_CPU=PATH" >&2; exit 2; }
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+
+echo "== building (load $(cut -d' ' -f1-3 /proc/loadavg))"
+cargo build --release -q -p herald-server --bin herald
+HERALD=$CARGO_TARGET_DIR/release/herald
+for s in $SYSTEMS; do
+  dir=bench/peers/$s
+  if [ -f "$dir/Cargo.toml" ]; then
+    CARGO_TARGET_DIR=$CARGO_TARGET_DIR/peers cargo build --release -q --manifest-path "$dir/Cargo.toml"
+  elif [ -f "$dir/package.json" ]; then
+    (cd "$dir" && npm ci --silent --no-audit --no-fund)
+  fi
+done
+
+NATS_PID=
+NATS_DIR=
+stop_all() {
+  if [ -n "$NATS_PID" ]; then kill "$NATS_PID" 2>/dev/null || true; wait "$NATS_PID" 2>/dev/null || true; rm -rf "$NATS_DIR"; fi
+  cluster_stop
+}
+# shellcheck source=lib/cluster.sh
+source bench/lib/cluster.sh
+trap stop_all EXIT
+case " $SYSTEMS " in
+  *" herald-nats "*)
+    if ! (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null; then
+      NATS_DIR=$(mktemp -d /tmp/herald-compare-nats.XXXXXX)
+      nats-server -js -sd "$NATS_DIR" -a 127.0.0.1 -p 4222 >"$OUT/nats.log" 2>&1 &
+      NATS_PID=$!
+      sleep 1
+    fi ;;
+esac
+cluster_start "$PORT" "$OUT" "shared_preload_libraries = 'pg_stat_statements'
+pg_stat_statements.max = 10000"
+export ADMIN_URL=$CLUSTER_URL PG_CPU
+psql -qX "$ADMIN_URL" -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"
+{
+  echo "date: $(date -u +%FT%TZ)"
+  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "cpu: $(nproc) x $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+  echo "memory: $(free -g | awk '/Mem:/ {print $2}') GiB"
+  echo "postgres: $("$PG_BIN/postgres" --version)"
+  echo "node: $(node --version 2>/dev/null || echo none)"
+  echo "nats: $(nats-server --version 2>/dev/null || echo none)"
+  echo "settings: events=$EVENTS backlog=$BACKLOG rates=\"$RATES\" latency_seconds=$LATENCY_SECONDS idle_seconds=$IDLE_SECONDS"
+} >"$OUT/machine.txt"
+cat "$OUT/machine.txt"
+
+# The command line of SYSTEM for SCENARIO (drain, latency, idle) with
+# extra contract flags; herald's own flags differ, so they are mapped here.
+command_of() {
+  local system=$1 scenario=$2 url=$3; shift 3
+  case $system in
+    herald-*)
+      local store=$url queue=memory
+      [ "$system" = herald-sqlite ] && store=sqlite
+      [ "$system" = herald-nats ] && queue=nats://127.0.0.1:4222
+      echo "$HERALD" bench "$scenario" --store "$store" --queue "$queue" --dir "$OUT" "$@" ;;
+    *)
+      local dir=bench/peers/$system
+      if [ -f "$dir/package.json" ]; then
+        echo node "$dir/main.mjs" --url "$url" --scenario "$scenario" "$@"
+      else
+        echo "$CARGO_TARGET_DIR/peers/release/$(sed -n 's/^name = "\(.*\)"/\1/p' "$dir/Cargo.toml" | head -1)" \
+          --url "$url" --scenario "$scenario" "$@"
+      fi ;;
+  esac
+}
+
+# run SYSTEM CASE SCENARIO ARGS…: one run in a fresh database.
+run() {
+  local system=$1 case=$2 scenario=$3; shift 3
+  local name=$system.$case dir db
+  [ "$scenario" = latency ] && name=$name.$(echo "$@" | sed -n 's/.*--rate \([0-9]*\).*/\1/p')
+  dir=$OUT/runs/$name
+  mkdir -p "$dir"
+  db=bench_$(echo "$system" | tr -c 'a-z0-9\n' '_')
+  psql -qX "$ADMIN_URL" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
+  local url=${ADMIN_URL%/*}/$db
+  # shellcheck disable=SC2207
+  local cmd=($(command_of "$system" "$scenario" "$url" "$@"))
+  echo "== $name: ${cmd[*]} (load $(cut -d' ' -f1 /proc/loadavg))"
+  printf '%s\n' "$system" "$case" "${cmd[*]}" >"$dir/run.txt"
+  : >"$dir/marks"
+  MARKS=$dir/marks CASE=$case DB=$db PEER_PID_FILE=$dir/pid \
+    "${cmd[@]}" --hook "$ROOT/bench/lib/mark.sh" >"$dir/stdout" 2>"$dir/stderr" &
+  echo $! >"$dir/pid"
+  local rc=0
+  wait $! || rc=$?
+  if [ $rc -ne 0 ]; then
+    echo "   failed (exit $rc): $(tail -3 "$dir/stderr")"
+    echo "$rc" >"$dir/failed"
+  else
+    tail -1 "$dir/stdout"
+  fi
+  psql -qX "$ADMIN_URL" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)"
+}
+
+for system in $SYSTEMS; do
+  for case in $CASES; do
+    case $case in
+      clean|hold-tx) run "$system" "$case" drain --events "$EVENTS" ;;
+      delayed|stale|mid-analyze) run "$system" "$case" drain --events "$EVENTS" --backlog "$BACKLOG" ;;
+      paused)
+        case $system in
+          herald-*) run "$system" "$case" drain --events "$EVENTS" --backlog "$BACKLOG" --backlog-kind paused ;;
+          *) ;;  # no per-tenant pause to compare with
+        esac ;;
+      latency) for r in $RATES; do run "$system" "$case" latency --rate "$r" --seconds "$LATENCY_SECONDS"; done ;;
+      idle) run "$system" "$case" idle --seconds "$IDLE_SECONDS" ;;
+      *) echo "unknown case $case" >&2; exit 2 ;;
+    esac
+  done
+done
+"$HERALD" bench report "$OUT"
+echo "results: $OUT/report.md (and its charts, runs/ for every run's output)"

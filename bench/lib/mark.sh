@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The phase hook of bench/compare.sh: `mark.sh PHASE`, called by herald
+# bench and by every peer (bench/peers/README.md) at each phase of a run.
+# It appends one line to $MARKS:
+#
+#   PHASE WALL_MS PG_CPU_MS STATEMENTS PEER_CPU_MS BROKER_CPU_MS
+#
+# (PostgreSQL's server CPU by ../shared/tools/pg-cpu, the statements
+# pg_stat_statements has counted in the run's database, the peer's own
+# process CPU, the nats-server's CPU; each a running total, so the report
+# subtracts one phase from another) and does what the run's $CASE asks at
+# that phase:
+#
+#   stale        after-backlog: VACUUM ANALYZE (statistics taken while only
+#                the backlog is stored)
+#   mid-analyze  mid-drain: ANALYZE (what autovacuum does on a busy table)
+#   hold-tx      drain-start: open a transaction that holds an xid (vacuum
+#                can clean nothing after it); drain-end: end it
+#
+# Environment (set by compare.sh): MARKS, CASE, DB (the run's database),
+# ADMIN_URL (the cluster's postgres database), PEER_PID_FILE, PG_CPU.
+set -euo pipefail
+phase=$1
+hz=$(getconf CLK_TCK)
+ticks_of() {  # utime + stime of a PID, in clock ticks
+  local s
+  s=$(cat "/proc/$1/stat" 2>/dev/null) || { echo 0; return; }
+  s=${s##*) }
+  # shellcheck disable=SC2086
+  set -- $s
+  echo $(( $12 + $13 ))
+}
+db_url=${ADMIN_URL%/*}/$DB
+case "$CASE:$phase" in
+  stale:after-backlog) psql -qX "$db_url" -c "VACUUM ANALYZE" >/dev/null ;;
+  mid-analyze:mid-drain) psql -qX "$db_url" -c "ANALYZE" >/dev/null ;;
+  hold-tx:drain-start)
+    PGAPPNAME=bench-hold-tx setsid psql -qX "$db_url" \
+      -c "BEGIN; SELECT txid_current(); SELECT pg_sleep(86400);" >/dev/null 2>&1 &
+    # Until its xid is taken: the drain must start behind it.
+    for _ in $(seq 1 100); do
+      n=$(psql -qXtA "$ADMIN_URL" -c "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'bench-hold-tx' AND backend_xid IS NOT NULL")
+      [ "$n" -gt 0 ] && break
+      sleep 0.05
+    done ;;
+  hold-tx:drain-end)
+    psql -qXtA "$ADMIN_URL" -c "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'bench-hold-tx'" >/dev/null ;;
+esac
+pg_ms=$(( $("$PG_CPU" --now) * 1000 / hz ))
+statements=$(psql -qXtA "$ADMIN_URL" -c "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = '$DB')")
+peer_ms=$(( $(ticks_of "$(cat "$PEER_PID_FILE")") * 1000 / hz ))
+broker=0
+for p in $(pgrep -x nats-server || true); do broker=$(( broker + $(ticks_of "$p") )); done
+echo "$phase $(date +%s%3N) $pg_ms $statements $peer_ms $(( broker * 1000 / hz ))" >>"$MARKS"

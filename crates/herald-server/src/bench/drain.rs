@@ -1,0 +1,185 @@
+//! The drain: N no-op events stored (untimed), optionally behind a backlog
+//! of events that are not runnable, then a worker started and timed until
+//! every runnable one has run.
+
+use std::time::{Duration, Instant};
+
+use herald::{EmitOptions, EmitRequest, EventId, Millis, NewEvent, Rule, RuleKind};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+
+use super::report::{cpu_ms, process_cpu};
+use super::setup::{Bench, HANDLER};
+use super::{BenchError, Report, Target};
+
+/// Options of `herald bench drain`.
+#[derive(clap::Args, Debug)]
+pub struct DrainArgs {
+    /// Runnable events to drain.
+    #[arg(long, default_value_t = 200_000)]
+    events: u64,
+    /// Events that are not runnable, stored first (see --backlog-kind).
+    #[arg(long, default_value_t = 0)]
+    backlog: u64,
+    /// `delayed`: due a day from now; `paused`: of the same handler, paused
+    /// for --backlog-tenants tenants, due an hour ago (in front of every
+    /// runnable event). Both are stored without notifications, as in a
+    /// steady state: a delayed event's notification waits in the queue, a
+    /// paused one's was dropped when it arrived.
+    #[arg(long, default_value = "delayed", value_parser = ["delayed", "paused"])]
+    backlog_kind: String,
+    /// Paused backlog: the tenants it is spread over, each with a pause.
+    #[arg(long, default_value_t = 1000)]
+    backlog_tenants: u64,
+    /// Tenants the runnable events are spread over.
+    #[arg(long, default_value_t = 16)]
+    tenants: u64,
+    /// Give up when the drain has not finished in this many seconds.
+    #[arg(long, default_value_t = 600)]
+    timeout: u64,
+    #[command(flatten)]
+    target: Target,
+}
+
+/// Events per store write while preparing.
+const CHUNK: u64 = 5000;
+
+pub(super) async fn run(args: DrainArgs) -> Result<Report, BenchError> {
+    let bench = Bench::open(&args.target).await?;
+    store_backlog(&bench, &args).await?;
+    bench.hook.call("after-backlog").await?;
+    let bar = progress(args.events, "storing");
+    for start in (0..args.events).step_by(CHUNK as usize) {
+        let n = CHUNK.min(args.events - start);
+        let batch = (start..start + n)
+            .map(|i| EmitRequest {
+                tenant: format!("tenant-{}", i % args.tenants.max(1)),
+                handler: HANDLER.into(),
+                payload: format!(r#"{{"i":{i}}}"#),
+                options: EmitOptions::default(),
+            })
+            .collect();
+        bench.client.emit_batch(batch).await?;
+        bar.inc(n);
+    }
+    bar.finish_and_clear();
+    bench.hook.call("drain-start").await?;
+
+    let cpu = process_cpu();
+    let t = Instant::now();
+    let worker = bench.worker(|_: serde::de::IgnoredAny, _| async {});
+    let bar = progress(args.events, "draining");
+    let mut halfway = false;
+    loop {
+        let done = worker.stats().done;
+        bar.set_position(done);
+        if !halfway && done * 2 >= args.events {
+            halfway = true;
+            bench.hook.spawn("mid-drain");
+        }
+        if done >= args.events {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(args.timeout) {
+            worker.shutdown(Duration::ZERO).await;
+            return Err(BenchError::Failed(format!(
+                "the drain did not finish in {} s: {done} of {} events ran",
+                args.timeout, args.events
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let seconds = t.elapsed().as_secs_f64();
+    let cpu = cpu_ms(cpu, process_cpu());
+    bar.finish_and_clear();
+    bench.hook.call("drain-end").await?;
+    worker.shutdown(Duration::from_secs(5)).await;
+
+    // Every runnable event gone, every backlog event still stored.
+    let left: u64 = bench.client.counts().await?.iter().map(|c| c.count).sum();
+    if left != args.backlog {
+        return Err(BenchError::Failed(format!(
+            "after the drain the store holds {left} events, not the backlog's {}",
+            args.backlog
+        )));
+    }
+    let mut report = bench.report("drain");
+    report.events = Some(args.events);
+    report.backlog = Some(args.backlog);
+    report.backlog_kind = (args.backlog > 0).then(|| args.backlog_kind.clone());
+    report.seconds = Some(seconds);
+    report.events_per_s = Some(args.events as f64 / seconds);
+    report.process_cpu_ms = Some(cpu);
+    report.knobs.insert("tenants".into(), json!(args.tenants));
+    if args.backlog > 0 && args.backlog_kind == "paused" {
+        report
+            .knobs
+            .insert("backlog_tenants".into(), json!(args.backlog_tenants));
+    }
+    bench.close().await?;
+    Ok(report)
+}
+
+/// Stores the backlog straight into the store (no notifications).
+async fn store_backlog(bench: &Bench, args: &DrainArgs) -> Result<(), BenchError> {
+    if args.backlog == 0 {
+        return Ok(());
+    }
+    let paused = args.backlog_kind == "paused";
+    let tenants = args.backlog_tenants.max(1);
+    let tenant = |i: u64| {
+        if paused {
+            format!("paused-{}", i % tenants)
+        } else {
+            format!("tenant-{}", i % args.tenants.max(1))
+        }
+    };
+    if paused {
+        for i in 0..tenants.min(args.backlog) {
+            bench
+                .store
+                .add_rule(&Rule {
+                    tenant: tenant(i),
+                    handler: HANDLER.into(),
+                    kind: RuleKind::Pause,
+                })
+                .await?;
+        }
+    }
+    let run_at = if paused {
+        Millis::now().minus(Duration::from_secs(3600))
+    } else {
+        Millis::now().plus(Duration::from_secs(86_400))
+    };
+    let bar = progress(args.backlog, "storing the backlog");
+    for start in (0..args.backlog).step_by(CHUNK as usize) {
+        let n = CHUNK.min(args.backlog - start);
+        let batch: Vec<NewEvent> = (start..start + n)
+            .map(|i| NewEvent {
+                id: EventId::new(),
+                tenant: tenant(i),
+                handler: HANDLER.into(),
+                payload: format!(r#"{{"i":{i}}}"#),
+                run_at,
+                max_attempts: 10,
+                idempotency_key: None,
+            })
+            .collect();
+        bench.store.emit(&batch).await?;
+        bar.inc(n);
+    }
+    bar.finish_and_clear();
+    Ok(())
+}
+
+/// A progress bar on stderr (hidden when stderr is not a terminal).
+pub(super) fn progress(len: u64, what: &'static str) -> ProgressBar {
+    let bar = ProgressBar::new(len);
+    bar.set_style(
+        ProgressStyle::with_template("{msg:>20} [{bar:40}] {pos}/{len} {per_sec} eta {eta}")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    bar.set_message(what);
+    bar
+}

@@ -1,0 +1,171 @@
+//! Emit-to-start latency: a worker up and idle, then single emits offered
+//! at fixed rates (at most `--in-flight` at once), each carrying the time
+//! just before its emit; the handler takes the time first thing.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::Semaphore;
+
+use super::drain::progress;
+use super::report::{cpu_ms, process_cpu, Percentiles, Point};
+use super::setup::{Bench, HANDLER};
+use super::{chart, BenchError, Report, Target};
+
+/// Options of `herald bench latency`.
+#[derive(clap::Args, Debug)]
+pub struct LatencyArgs {
+    /// Events per second to offer, one run per rate, in order
+    /// (`--rate 500,1000,2000`).
+    #[arg(long, value_delimiter = ',', default_value = "1000")]
+    rate: Vec<f64>,
+    /// Seconds to offer each rate for.
+    #[arg(long, default_value_t = 20.0)]
+    seconds: f64,
+    /// Emits in flight at most (like a pool of HTTP clients).
+    #[arg(long, default_value_t = 32)]
+    in_flight: usize,
+    /// Tenants the events are spread over.
+    #[arg(long, default_value_t = 16)]
+    tenants: u64,
+    /// Also draw the curve (p50, p99 against the rate) to this SVG file.
+    #[arg(long, value_name = "PATH")]
+    chart: Option<PathBuf>,
+    #[command(flatten)]
+    target: Target,
+}
+
+#[derive(Deserialize)]
+struct Stamp {
+    /// Microseconds since the epoch, just before the emit.
+    t: u64,
+}
+
+fn now_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// How long the last events of a rate may take to run after offering ends.
+const SETTLE: Duration = Duration::from_secs(60);
+
+pub(super) async fn run(args: LatencyArgs) -> Result<Report, BenchError> {
+    if args.rate.iter().any(|r| r.is_nan() || *r <= 0.0) || args.seconds <= 0.0 {
+        return Err(BenchError::Usage(
+            "--rate and --seconds must be positive".into(),
+        ));
+    }
+    let bench = Bench::open(&args.target).await?;
+    let samples: Arc<Mutex<Vec<f64>>> = Arc::default();
+    let record = samples.clone();
+    let worker = bench.worker(move |s: Stamp, _| {
+        let ms = now_micros().saturating_sub(s.t) as f64 / 1000.0;
+        record.lock().expect("samples").push(ms);
+        async {}
+    });
+    // Let the worker settle (its first receive, the reconciler's election).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let cpu = process_cpu();
+    let mut points = Vec::new();
+    let mut next = 0u64;
+    for &rate in &args.rate {
+        samples.lock().expect("samples").clear();
+        bench.hook.call("run-start").await?;
+        let total = (rate * args.seconds).round() as u64;
+        let bar = progress(total, "offering");
+        let gate = Arc::new(Semaphore::new(args.in_flight.max(1)));
+        let start = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for k in 0..total {
+            // The k-th emit is due at k / rate.
+            let due = start + Duration::from_secs_f64(k as f64 / rate);
+            tokio::time::sleep_until(due.into()).await;
+            let permit = gate.clone().acquire_owned().await.expect("open");
+            let client = bench.client.clone();
+            let tenant = format!("tenant-{}", next % args.tenants.max(1));
+            next += 1;
+            tasks.spawn(async move {
+                let payload = format!(r#"{{"t":{}}}"#, now_micros());
+                let r = client
+                    .emit_json(&tenant, HANDLER, &payload, Default::default())
+                    .await;
+                drop(permit);
+                r
+            });
+            while let Some(done) = tasks.try_join_next() {
+                done.expect("emit task")?;
+            }
+            bar.inc(1);
+        }
+        while let Some(done) = tasks.join_next().await {
+            done.expect("emit task")?;
+        }
+        let offering = start.elapsed().as_secs_f64();
+        bar.finish_and_clear();
+        let settle = Instant::now();
+        while (samples.lock().expect("samples").len() as u64) < total && settle.elapsed() < SETTLE {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        bench.hook.call("run-end").await?;
+        let taken = std::mem::take(&mut *samples.lock().expect("samples"));
+        let point = Point {
+            rate,
+            achieved_rate: total as f64 / offering,
+            offered: total,
+            completed: taken.len() as u64,
+            latency_ms: Percentiles::of(taken),
+        };
+        eprintln!(
+            "rate {rate}/s: offered {:.0}/s, {} of {} ran, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+            point.achieved_rate,
+            point.completed,
+            point.offered,
+            point.latency_ms.p50,
+            point.latency_ms.p99,
+            point.latency_ms.max
+        );
+        points.push(point);
+    }
+    let cpu = cpu_ms(cpu, process_cpu());
+    worker.shutdown(Duration::from_secs(5)).await;
+    if let Some(path) = &args.chart {
+        chart::latency(path, &points).map_err(|reason| BenchError::Write {
+            path: path.clone(),
+            reason,
+        })?;
+    }
+    let mut report = bench.report("latency");
+    let first = points[0].clone();
+    report.rate = Some(first.rate);
+    report.achieved_rate = Some(first.achieved_rate);
+    report.offered = Some(first.offered);
+    report.completed = Some(first.completed);
+    report.latency_ms = Some(first.latency_ms);
+    report.seconds = Some(args.seconds);
+    report.process_cpu_ms = Some(cpu);
+    report.points = points;
+    report
+        .knobs
+        .insert("in_flight".into(), json!(args.in_flight));
+    report.knobs.insert("tenants".into(), json!(args.tenants));
+    let lost: Vec<String> = report
+        .points
+        .iter()
+        .filter(|p| p.completed < p.offered)
+        .map(|p| format!("{} of {} at {}/s", p.completed, p.offered, p.rate))
+        .collect();
+    bench.close().await?;
+    if !lost.is_empty() {
+        return Err(BenchError::Failed(format!(
+            "events did not run within {} s of the end of offering: {}",
+            SETTLE.as_secs(),
+            lost.join(", ")
+        )));
+    }
+    Ok(report)
+}
