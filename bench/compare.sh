@@ -22,7 +22,9 @@
 #   with statistics taken while only the backlog was stored), mid-analyze
 #   (the delayed drain with an ANALYZE half-way), latency (each of RATES for
 #   LATENCY_SECONDS), idle (IDLE_SECONDS with nothing to do).
-# OUT (default bench-results/compare-DATE), PORT (54331), PG_CPU.
+# OUT (default bench-results/compare-DATE), PORT (54331), PG_CPU,
+# PEERS_TARGET (the peers' cargo target directory, default target/peers),
+# BUILD=0 (use the binaries already built).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -42,12 +44,14 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 
 echo "== building (load $(cut -d' ' -f1-3 /proc/loadavg))"
-cargo build --release -q -p herald-server --bin herald
 HERALD=$CARGO_TARGET_DIR/release/herald
+PEERS_TARGET=${PEERS_TARGET:-$CARGO_TARGET_DIR/peers}
+[ "${BUILD:-1}" = 0 ] || cargo build --release -q -p herald-server --bin herald
 for s in $SYSTEMS; do
+  [ "${BUILD:-1}" = 0 ] && break
   dir=bench/peers/$s
   if [ -f "$dir/Cargo.toml" ]; then
-    CARGO_TARGET_DIR=$CARGO_TARGET_DIR/peers cargo build --release -q --manifest-path "$dir/Cargo.toml"
+    CARGO_TARGET_DIR=$PEERS_TARGET cargo build --release -q --manifest-path "$dir/Cargo.toml"
   elif [ -f "$dir/package.json" ]; then
     (cd "$dir" && npm ci --silent --no-audit --no-fund)
   fi
@@ -102,7 +106,7 @@ command_of() {
       if [ -f "$dir/package.json" ]; then
         echo node "$dir/main.mjs" --url "$url" --scenario "$scenario" "$@"
       else
-        echo "$CARGO_TARGET_DIR/peers/release/$(sed -n 's/^name = "\(.*\)"/\1/p' "$dir/Cargo.toml" | head -1)" \
+        echo "$PEERS_TARGET/release/$(sed -n 's/^name = "\(.*\)"/\1/p' "$dir/Cargo.toml" | head -1)" \
           --url "$url" --scenario "$scenario" "$@"
       fi ;;
   esac
