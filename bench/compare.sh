@@ -11,11 +11,13 @@
 #   SYSTEMS="herald-memory skip-locked" CASES="clean latency" bench/compare.sh
 #   EVENTS=50000 BACKLOG=1000000 RATES="500 2000" bench/compare.sh
 #
-# SYSTEMS: herald-sqlite herald-memory herald-nats skip-locked awa
-#   graphile-worker-rs apalis graphile-worker-js pg-boss (herald-sqlite
+# SYSTEMS: herald-sqlite herald-memory herald-nats herald-pubsub skip-locked
+#   awa graphile-worker-rs apalis graphile-worker-js pg-boss (herald-sqlite
 #   runs on its own file: only its drain, latency and emit figures mean
-#   anything; herald-nats needs nats-server, started here when missing).
-# CASES: clean (drain EVENTS), delayed (behind BACKLOG delayed a day),
+#   anything; herald-nats needs nats-server and herald-pubsub the Pub/Sub
+#   emulator, each started here when missing and stopped after).
+# CASES: clean (drain EVENTS), delayed (BACKLOG_EVENTS behind BACKLOG
+#   delayed a day),
 #   paused (behind BACKLOG of paused handlers over 1,000 tenants, due
 #   earlier: herald only, the peers have no per-tenant pause), hold-tx (the
 #   clean drain while a transaction holds an xid), stale (the delayed drain
@@ -28,9 +30,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-SYSTEMS=${SYSTEMS:-"herald-memory herald-nats skip-locked awa graphile-worker-rs apalis graphile-worker-js pg-boss"}
+SYSTEMS=${SYSTEMS:-"herald-memory herald-nats skip-locked awa graphile-worker-rs apalis graphile-worker-js pg-boss herald-pubsub"}
 CASES=${CASES:-"clean delayed paused hold-tx stale mid-analyze latency idle"}
 EVENTS=${EVENTS:-200000}
+BACKLOG_EVENTS=${BACKLOG_EVENTS:-50000}
 BACKLOG=${BACKLOG:-1000000}
 RATES=${RATES:-"1000 2000 4000 8000"}
 LATENCY_SECONDS=${LATENCY_SECONDS:-15}
@@ -59,8 +62,10 @@ done
 
 NATS_PID=
 NATS_DIR=
+PUBSUB_PID=
 stop_all() {
   if [ -n "$NATS_PID" ]; then kill "$NATS_PID" 2>/dev/null || true; wait "$NATS_PID" 2>/dev/null || true; rm -rf "$NATS_DIR"; fi
+  if [ -n "$PUBSUB_PID" ]; then kill -- -"$PUBSUB_PID" 2>/dev/null || true; wait "$PUBSUB_PID" 2>/dev/null || true; fi
   cluster_stop
 }
 # shellcheck source=lib/cluster.sh
@@ -75,6 +80,17 @@ case " $SYSTEMS " in
       sleep 1
     fi ;;
 esac
+case " $SYSTEMS " in
+  *" herald-pubsub "*)
+    export PUBSUB_EMULATOR_HOST=127.0.0.1:8085
+    if ! (exec 3<>/dev/tcp/127.0.0.1/8085) 2>/dev/null; then
+      emulator=$(command -v cloud-pubsub-emulator || echo /usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator)
+      [ -x "$emulator" ] || { echo "no Pub/Sub emulator (google-cloud-cli-pubsub-emulator; test.sh installs it)" >&2; exit 2; }
+      setsid "$emulator" --host=127.0.0.1 --port=8085 >"$OUT/pubsub.log" 2>&1 &
+      PUBSUB_PID=$!
+      for _ in $(seq 1 60); do (exec 3<>/dev/tcp/127.0.0.1/8085) 2>/dev/null && break; sleep 0.5; done
+    fi ;;
+esac
 cluster_start "$PORT" "$OUT" "shared_preload_libraries = 'pg_stat_statements'
 pg_stat_statements.max = 10000"
 export ADMIN_URL=$CLUSTER_URL PG_CPU
@@ -87,7 +103,7 @@ psql -qX "$ADMIN_URL" -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"
   echo "postgres: $("$PG_BIN/postgres" --version)"
   echo "node: $(node --version 2>/dev/null || echo none)"
   echo "nats: $(nats-server --version 2>/dev/null || echo none)"
-  echo "settings: events=$EVENTS backlog=$BACKLOG rates=\"$RATES\" latency_seconds=$LATENCY_SECONDS idle_seconds=$IDLE_SECONDS"
+  echo "settings: events=$EVENTS backlog_events=$BACKLOG_EVENTS backlog=$BACKLOG rates=\"$RATES\" latency_seconds=$LATENCY_SECONDS idle_seconds=$IDLE_SECONDS"
 } >"$OUT/machine.txt"
 cat "$OUT/machine.txt"
 
@@ -100,6 +116,8 @@ command_of() {
       local store=$url queue=memory
       [ "$system" = herald-sqlite ] && store=sqlite
       [ "$system" = herald-nats ] && queue=nats://127.0.0.1:4222
+      # The emulator keeps topics until it stops: one of its own per run.
+      [ "$system" = herald-pubsub ] && queue="pubsub://herald-bench/compare-$RUN_ID?subscription=compare-$RUN_ID-workers"
       echo "$HERALD" bench "$scenario" --store "$store" --queue "$queue" --dir "$OUT" "$@" ;;
     *)
       local dir=bench/peers/$system
@@ -120,6 +138,7 @@ run() {
   dir=$OUT/runs/$name
   mkdir -p "$dir"
   db=bench_$(echo "$system" | tr -c 'a-z0-9\n' '_')
+  RUN_ID=$(echo "$name" | tr -c 'a-z0-9\n' '-')
   psql -qX "$ADMIN_URL" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
   local url=${ADMIN_URL%/*}/$db
   # shellcheck disable=SC2207
@@ -127,7 +146,9 @@ run() {
   echo "== $name: ${cmd[*]} (load $(cut -d' ' -f1 /proc/loadavg))"
   printf '%s\n' "$system" "$case" "${cmd[*]}" >"$dir/run.txt"
   : >"$dir/marks"
-  MARKS=$dir/marks CASE=$case DB=$db PEER_PID_FILE=$dir/pid \
+  local broker=none
+  case $system in herald-nats) broker=nats ;; herald-pubsub) broker=pubsub ;; esac
+  MARKS=$dir/marks CASE=$case DB=$db PEER_PID_FILE=$dir/pid BROKER=$broker \
     "${cmd[@]}" --hook "$ROOT/bench/lib/mark.sh" >"$dir/stdout" 2>"$dir/stderr" &
   echo $! >"$dir/pid"
   local rc=0
@@ -145,10 +166,10 @@ for system in $SYSTEMS; do
   for case in $CASES; do
     case $case in
       clean|hold-tx) run "$system" "$case" drain --events "$EVENTS" ;;
-      delayed|stale|mid-analyze) run "$system" "$case" drain --events "$EVENTS" --backlog "$BACKLOG" ;;
+      delayed|stale|mid-analyze) run "$system" "$case" drain --events "$BACKLOG_EVENTS" --backlog "$BACKLOG" ;;
       paused)
         case $system in
-          herald-*) run "$system" "$case" drain --events "$EVENTS" --backlog "$BACKLOG" --backlog-kind paused ;;
+          herald-*) run "$system" "$case" drain --events "$BACKLOG_EVENTS" --backlog "$BACKLOG" --backlog-kind paused ;;
           *) ;;  # no per-tenant pause to compare with
         esac ;;
       latency) for r in $RATES; do run "$system" "$case" latency --rate "$r" --seconds "$LATENCY_SECONDS"; done ;;

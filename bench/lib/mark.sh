@@ -7,18 +7,24 @@
 #
 # (PostgreSQL's server CPU by ../shared/tools/pg-cpu, the statements
 # pg_stat_statements has counted in the run's database, the peer's own
-# process CPU, the nats-server's CPU; each a running total, so the report
+# process CPU, the broker's CPU (nats-server, or the Pub/Sub emulator's
+# processes, as $BROKER says); each a running total, so the report
 # subtracts one phase from another) and does what the run's $CASE asks at
 # that phase:
 #
+#   (every case but stale)
+#                drain-start: ANALYZE, so every system starts its drain with
+#                current statistics (as a steady autovacuum would give; no
+#                peer runs its own ANALYZE)
 #   stale        after-backlog: VACUUM ANALYZE (statistics taken while only
-#                the backlog is stored)
+#                the backlog is stored), none at drain-start
 #   mid-analyze  mid-drain: ANALYZE (what autovacuum does on a busy table)
 #   hold-tx      drain-start: open a transaction that holds an xid (vacuum
 #                can clean nothing after it); drain-end: end it
 #
 # Environment (set by compare.sh): MARKS, CASE, DB (the run's database),
-# ADMIN_URL (the cluster's postgres database), PEER_PID_FILE, PG_CPU.
+# ADMIN_URL (the cluster's postgres database), PEER_PID_FILE, PG_CPU,
+# BROKER (nats, pubsub or none).
 set -euo pipefail
 phase=$1
 hz=$(getconf CLK_TCK)
@@ -28,9 +34,13 @@ ticks_of() {  # utime + stime of a PID, in clock ticks
   s=${s##*) }
   # shellcheck disable=SC2086
   set -- $s
-  echo $(( $12 + $13 ))
+  echo $(( ${12} + ${13} ))
 }
 db_url=${ADMIN_URL%/*}/$DB
+case "$CASE:$phase" in
+  stale:*) ;;
+  *:drain-start) psql -qX "$db_url" -c "ANALYZE" >/dev/null ;;
+esac
 case "$CASE:$phase" in
   stale:after-backlog) psql -qX "$db_url" -c "VACUUM ANALYZE" >/dev/null ;;
   mid-analyze:mid-drain) psql -qX "$db_url" -c "ANALYZE" >/dev/null ;;
@@ -50,5 +60,10 @@ pg_ms=$(( $("$PG_CPU" --now) * 1000 / hz ))
 statements=$(psql -qXtA "$ADMIN_URL" -c "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = '$DB')")
 peer_ms=$(( $(ticks_of "$(cat "$PEER_PID_FILE")") * 1000 / hz ))
 broker=0
-for p in $(pgrep -x nats-server || true); do broker=$(( broker + $(ticks_of "$p") )); done
+case ${BROKER:-none} in
+  nats) pids=$(pgrep -x nats-server || true) ;;
+  pubsub) pids=$(pgrep -f 'cloud-pubsub-emulator' || true) ;;
+  *) pids= ;;
+esac
+for p in $pids; do broker=$(( broker + $(ticks_of "$p") )); done
 echo "$phase $(date +%s%3N) $pg_ms $statements $peer_ms $(( broker * 1000 / hz ))" >>"$MARKS"
