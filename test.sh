@@ -129,3 +129,5 @@ if [ ! -d "$browser/node_modules" ]; then
 fi
 
 cargo test --workspace --all-features "$@"
+# The benchmark peers' shared contract (its own workspace, bench/peers/contract).
+cargo test --manifest-path bench/peers/contract/Cargo.toml

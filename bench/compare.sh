@@ -105,6 +105,12 @@ psql -qX "$ADMIN_URL" -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"
   echo "nats: $(nats-server --version 2>/dev/null || echo none)"
   echo "settings: events=$EVENTS backlog_events=$BACKLOG_EVENTS backlog=$BACKLOG rates=\"$RATES\" latency_seconds=$LATENCY_SECONDS idle_seconds=$IDLE_SECONDS"
 } >"$OUT/machine.txt"
+# What the cluster costs with no client at all (checkpointer, WAL writer,
+# autovacuum launcher, statistics): the floor under every idle figure.
+hz=$(getconf CLK_TCK)
+before=$("$PG_CPU" --now)
+sleep "$IDLE_SECONDS"
+echo "idle cluster, no client: $(( ($("$PG_CPU" --now) - before) * 1000 / hz )) ms PG CPU in $IDLE_SECONDS s" >>"$OUT/machine.txt"
 cat "$OUT/machine.txt"
 
 # The command line of SYSTEM for SCENARIO (drain, latency, idle) with

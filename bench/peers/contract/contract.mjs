@@ -160,7 +160,7 @@ async function drain(peer, tally, cli, log) {
 
 async function latency(peer, tally, cli, log) {
   if (cli.rate <= 0 || cli.seconds <= 0) throw new Error("--rate and --seconds must be positive");
-  const offered = Math.round(cli.rate * cli.seconds);
+  const due = Math.round(cli.rate * cli.seconds);
   await peer.start();
   // Time to reach the idle wait (LISTEN, first empty fetch) before the
   // first offer; a drain's clock has no such sleep.
@@ -169,14 +169,19 @@ async function latency(peer, tally, cli, log) {
 
   // One insert call per job, each started at its time, at most IN_FLIGHT at
   // once: a slow insert delays the next ones rather than piling up.
+  // Offering ends with its window: a system that cannot take the rate is
+  // offered fewer jobs (the achieved rate says how many), not for longer.
   let inFlight = 0;
   let slotFree = null;
   let insertError = null;
+  let offered = 0;
   const t0 = performance.now();
-  for (let seq = 0; seq < offered; seq++) {
+  for (let seq = 0; seq < due; seq++) {
     const wait = t0 + (seq * 1000) / cli.rate - performance.now();
     if (wait >= 1) await sleep(wait);
     while (inFlight >= IN_FLIGHT) await new Promise((r) => (slotFree = r));
+    if (performance.now() - t0 > cli.seconds * 1000) break;
+    offered++;
     if (insertError) throw insertError;
     if (tally.failure) throw tally.failure;
     inFlight++;

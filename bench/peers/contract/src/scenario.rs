@@ -188,23 +188,27 @@ async fn latency<P: Peer>(
     if rate == 0 || seconds <= 0.0 {
         bail!("--rate and --seconds must be positive");
     }
-    let offered = (rate as f64 * seconds).round() as u64;
-    tally.expect(0, offered);
+    let due = (rate as f64 * seconds).round() as u64;
     peer.start().await?;
     idle_for(tally, SETTLE).await?;
     hook::run(hook, "run-start").await?;
 
     // One insert call per job, each started at its time, at most IN_FLIGHT
     // at once: a slow insert delays the next ones rather than piling up.
+    // Offering ends with its window: a system that cannot take `rate` is
+    // offered fewer jobs (the achieved rate says how many), not for longer.
     let period = Duration::from_secs_f64(1.0 / rate as f64);
     let offer_start = tokio::time::Instant::now();
+    let window_end = offer_start + Duration::from_secs_f64(seconds);
+    let mut offered = 0u64;
     {
         let peer_ref = &peer;
-        let inserts = futures::stream::iter(0..offered)
+        let inserts = futures::stream::iter(0..due)
             .then(|seq| async move {
                 tokio::time::sleep_until(offer_start + period.mul_f64(seq as f64)).await;
                 seq
             })
+            .take_while(|_| std::future::ready(tokio::time::Instant::now() <= window_end))
             .map(|seq| async move {
                 peer_ref
                     .insert(Job {
@@ -217,12 +221,14 @@ async fn latency<P: Peer>(
         futures::pin_mut!(inserts);
         while let Some(inserted) = inserts.next().await {
             inserted?;
+            offered += 1;
             if let Some(why) = tally.failure() {
                 bail!(why);
             }
         }
     }
     let offering = offer_start.elapsed().as_secs_f64();
+    tally.expect(0, offered);
     let achieved_rate = offered as f64 / offering;
     log::<P>(format_args!(
         "offered {offered} jobs in {offering:.3} s ({achieved_rate:.1}/s)"

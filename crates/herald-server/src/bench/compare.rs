@@ -196,7 +196,7 @@ pub fn run(args: ReportArgs) -> Result<(), BenchError> {
             r.case,
             r.per_1k(d.pg_cpu_ms),
             r.per_1k(d.peer_cpu_ms),
-            if r.system == "herald-nats" {
+            if matches!(r.system.as_str(), "herald-nats" | "herald-pubsub") {
                 r.per_1k(d.broker_cpu_ms)
             } else {
                 "–".into()

@@ -22,7 +22,8 @@ pub struct LatencyArgs {
     /// (`--rate 500,1000,2000`).
     #[arg(long, value_delimiter = ',', default_value = "1000")]
     rate: Vec<f64>,
-    /// Seconds to offer each rate for.
+    /// Seconds to offer each rate for: offering stops then, so a store
+    /// that cannot keep up is offered fewer events, not for longer.
     #[arg(long, default_value_t = 20.0)]
     seconds: f64,
     /// Emits in flight at most (like a pool of HTTP clients).
@@ -80,12 +81,20 @@ pub(super) async fn run(args: LatencyArgs) -> Result<Report, BenchError> {
         let bar = progress(total, "offering");
         let gate = Arc::new(Semaphore::new(args.in_flight.max(1)));
         let start = Instant::now();
+        // Offering ends with its window: a store that cannot take `rate`
+        // is offered less (the achieved rate says how much), not for longer.
+        let window_end = start + Duration::from_secs_f64(args.seconds);
+        let mut offered = 0u64;
         let mut tasks = tokio::task::JoinSet::new();
         for k in 0..total {
             // The k-th emit is due at k / rate.
             let due = start + Duration::from_secs_f64(k as f64 / rate);
             tokio::time::sleep_until(due.into()).await;
             let permit = gate.clone().acquire_owned().await.expect("open");
+            if Instant::now() > window_end {
+                break;
+            }
+            offered += 1;
             let client = bench.client.clone();
             let tenant = format!("tenant-{}", next % args.tenants.max(1));
             next += 1;
@@ -108,15 +117,15 @@ pub(super) async fn run(args: LatencyArgs) -> Result<Report, BenchError> {
         let offering = start.elapsed().as_secs_f64();
         bar.finish_and_clear();
         let settle = Instant::now();
-        while (samples.lock().expect("samples").len() as u64) < total && settle.elapsed() < SETTLE {
+        while (samples.lock().expect("samples").len() as u64) < offered && settle.elapsed() < SETTLE {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         bench.hook.call("run-end").await?;
         let taken = std::mem::take(&mut *samples.lock().expect("samples"));
         let point = Point {
             rate,
-            achieved_rate: total as f64 / offering,
-            offered: total,
+            achieved_rate: offered as f64 / offering,
+            offered,
             completed: taken.len() as u64,
             latency_ms: Percentiles::of(taken),
         };

@@ -53,10 +53,13 @@ pub(super) async fn reconcile_loop(shared: Arc<WorkerState>) {
                     }
                     every
                 } else {
-                    // Ask again as the holder's lease lapses; the jitter keeps
-                    // followers from asking all in the same millisecond.
+                    // Ask again as the holder's lease lapses, not sooner: the
+                    // lease cannot lapse before, so an idle follower sends one
+                    // query per lease, and a dead leader is replaced as its
+                    // events' leases lapse. The jitter keeps followers from
+                    // asking all in the same millisecond.
                     let jitter = MIN_PASS.mul_f64(WorkerState::jitter());
-                    every.min(l.left + jitter)
+                    l.left.max(MIN_PASS) + jitter
                 }
             }
             Err(e) => {
