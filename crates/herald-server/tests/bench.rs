@@ -24,7 +24,10 @@ fn bench(dir: &Path, args: &[&str]) -> (Value, Vec<String>) {
         .output()
         .expect("run herald bench");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "herald bench {args:?} failed: {stderr}");
+    assert!(
+        out.status.success(),
+        "herald bench {args:?} failed: {stderr}"
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let last = stdout.lines().last().unwrap_or_default();
     let result: Value = serde_json::from_str(last)
@@ -95,7 +98,10 @@ fn latency_on_sqlite_measures_every_offered_event_at_each_rate() {
         assert!(p["latency_ms"]["p99"].as_f64() >= p["latency_ms"]["p50"].as_f64());
     }
     let svg = std::fs::read_to_string(&chart).expect("the chart was written");
-    assert!(svg.starts_with("<svg") || svg.contains("<svg"), "not an SVG");
+    assert!(
+        svg.starts_with("<svg") || svg.contains("<svg"),
+        "not an SVG"
+    );
     assert_eq!(seen.first().map(String::as_str), Some("run-start"));
     assert_eq!(seen.last().map(String::as_str), Some("run-end"));
 }
@@ -105,7 +111,15 @@ fn emit_on_sqlite_counts_single_and_batched_emits() {
     let dir = tempfile::tempdir().unwrap();
     let (result, _) = bench(
         dir.path(),
-        &["emit", "--single", "300", "--batched", "3000", "--batch-size", "500"],
+        &[
+            "emit",
+            "--single",
+            "300",
+            "--batched",
+            "3000",
+            "--batch-size",
+            "500",
+        ],
     );
     assert_eq!(result["scenario"], "emit");
     assert!(result["single_per_s"].as_f64().unwrap() > 0.0, "{result}");
@@ -117,7 +131,12 @@ fn bench_refuses_serves_own_postgres_schema() {
     let dir = tempfile::tempdir().unwrap();
     let out = herald(dir.path())
         .args(["bench", "drain", "--events", "10"])
-        .args(["--store", "postgres://postgres@127.0.0.1:1/none", "--schema", "herald"])
+        .args([
+            "--store",
+            "postgres://postgres@127.0.0.1:1/none",
+            "--schema",
+            "herald",
+        ])
         .output()
         .expect("run herald bench");
     assert!(!out.status.success());
@@ -161,11 +180,12 @@ async fn drain_on_postgres_drops_its_schema_afterwards() {
         .await
         .unwrap();
     use sqlx::Connection as _;
-    let left: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM information_schema.schemata WHERE schema_name = $1")
-            .bind(schema.name())
-            .fetch_one(&mut conn)
-            .await
-            .unwrap();
+    let left: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM information_schema.schemata WHERE schema_name = $1",
+    )
+    .bind(schema.name())
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
     assert_eq!(left, 0, "the bench schema was dropped after the run");
 }

@@ -117,7 +117,8 @@ pub(super) async fn run(args: LatencyArgs) -> Result<Report, BenchError> {
         let offering = start.elapsed().as_secs_f64();
         bar.finish_and_clear();
         let settle = Instant::now();
-        while (samples.lock().expect("samples").len() as u64) < offered && settle.elapsed() < SETTLE {
+        while (samples.lock().expect("samples").len() as u64) < offered && settle.elapsed() < SETTLE
+        {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         bench.hook.call("run-end").await?;
