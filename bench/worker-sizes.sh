@@ -2,8 +2,8 @@
 # herald's no-op drain on the production-like cluster (bench/lib/cluster.sh,
 # autovacuum on, synchronous_commit on) at several worker sizes: how much
 # of herald's drain rate and PostgreSQL CPU is its claim size. Each size
-# runs twice; PostgreSQL CPU is read by ../shared/tools/pg-cpu between
-# drain-start (after an ANALYZE) and drain-end, as bench/compare.sh does.
+# runs twice, read by compare.sh's own hook (bench/lib/mark.sh: an ANALYZE
+# at drain-start, PostgreSQL CPU and pg_stat_statements at each phase).
 #
 #   bench/worker-sizes.sh
 #   EVENTS=200000 SIZES="64/64 512/4096" bench/worker-sizes.sh   # concurrency/claim_ahead
@@ -22,26 +22,24 @@ work=$(mktemp -d /tmp/herald-worker-sizes.XXXXXX)
 # shellcheck source=lib/cluster.sh
 source bench/lib/cluster.sh
 trap 'cluster_stop; rm -rf "$work"' EXIT
-cluster_start "$PORT" "$work"
-url=${CLUSTER_URL%/*}/postgres
-cat >"$work/hook" <<HOOK
-#!/usr/bin/env bash
-[ "\$1" = drain-start ] && psql -qX "$url" -c ANALYZE >/dev/null
-echo "\$1 \$("$PG_CPU" --now)" >>"\$MARKS"
-HOOK
-chmod +x "$work/hook"
-hz=$(getconf CLK_TCK)
+cluster_start "$PORT" "$work" "shared_preload_libraries = 'pg_stat_statements'"
+psql -qX "$CLUSTER_URL" -c "CREATE EXTENSION pg_stat_statements" -c "CREATE DATABASE sizes"
+export ADMIN_URL=$CLUSTER_URL PG_CPU CASE=clean DB=sizes BROKER=none PEER_PID_FILE=$work/pid
+url=${CLUSTER_URL%/*}/$DB
 echo "load $(cut -d' ' -f1-3 /proc/loadavg); $EVENTS events a drain"
-echo "concurrency claim_ahead  events/s  PG CPU ms per 1,000"
+echo "concurrency claim_ahead  events/s  PG CPU ms per 1,000  statements per event"
 for size in $SIZES; do
   for _ in 1 2; do
     export MARKS=$work/marks.$RANDOM
-    out=$(HERALD_WORKER_CONCURRENCY=${size%/*} HERALD_WORKER_CLAIM_AHEAD=${size#*/} \
-      "$HERALD" bench drain --store "$url" --events "$EVENTS" --hook "$work/hook" 2>"$work/stderr" | tail -1) \
-      || { cat "$work/stderr" >&2; exit 1; }
-    a=$(awk '$1 == "drain-start" {print $2}' "$MARKS")
-    b=$(awk '$1 == "drain-end" {print $2}' "$MARKS")
-    rate=$(echo "$out" | python3 -c "import sys, json; print(round(json.load(sys.stdin)['events_per_s']))")
-    printf '%11s %11s  %8s  %s\n' "${size%/*}" "${size#*/}" "$rate" "$(( (b - a) * 1000 * 1000 / hz / EVENTS ))"
+    HERALD_WORKER_CONCURRENCY=${size%/*} HERALD_WORKER_CLAIM_AHEAD=${size#*/} \
+      "$HERALD" bench drain --store "$url" --events "$EVENTS" --hook "$ROOT/bench/lib/mark.sh" \
+      >"$work/stdout" 2>"$work/stderr" &
+    echo $! >"$PEER_PID_FILE"
+    wait $! || { cat "$work/stderr" >&2; exit 1; }
+    # marks: PHASE WALL_MS PG_CPU_MS STATEMENTS …
+    read -r pg statements < <(awk '$1 == "drain-start" {p = $3; s = $4} $1 == "drain-end" {print $3 - p, $4 - s}' "$MARKS")
+    rate=$(tail -1 "$work/stdout" | python3 -c "import sys, json; print(round(json.load(sys.stdin)['events_per_s']))")
+    printf '%11s %11s  %8s  %19s  %s\n' "${size%/*}" "${size#*/}" "$rate" "$(( pg * 1000 / EVENTS ))" \
+      "$(python3 -c "print(round($statements / $EVENTS, 3))")"
   done
 done

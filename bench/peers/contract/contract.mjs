@@ -251,7 +251,11 @@ export function runPeer({ system, version, knobs, install }) {
     await peer.stop();
     if (tally.failure) throw tally.failure;
     // Read after the stop, which flushes batched completions.
-    if (cli.scenario === "drain" && peer.leftRunnable) result.left_runnable = await peer.leftRunnable();
+    if (cli.scenario === "drain" && peer.leftRunnable) {
+      result.left_runnable = await peer.leftRunnable();
+      if (result.left_runnable > 0)
+        throw new Error(`the drain counted ${cli.events} runs, but the system says ${result.left_runnable} runnable jobs are left`);
+    }
     await peer.close?.();
     const line = { system, version, ...result, knobs };
     process.stdout.write(JSON.stringify(line) + "\n");

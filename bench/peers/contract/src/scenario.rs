@@ -166,6 +166,9 @@ async fn drain<P: Peer>(
 
     let knobs = peer.knobs();
     let left = peer.left_runnable().await?;
+    if let Some(n) = left.filter(|n| *n > 0) {
+        bail!("the drain counted {events} runs, but the system says {n} runnable jobs are left");
+    }
     stop(peer, tally).await?;
     Ok(json!({
         "scenario": "drain",
