@@ -23,7 +23,13 @@
 #   clean drain while a transaction holds an xid), stale (the delayed drain
 #   with statistics taken while only the backlog was stored), mid-analyze
 #   (the delayed drain with an ANALYZE half-way), latency (each of RATES for
-#   LATENCY_SECONDS), idle (IDLE_SECONDS with nothing to do).
+#   LATENCY_SECONDS), idle (IDLE_SECONDS with nothing to do), long-horizon
+#   (LH_RATE jobs/s of a LH_WORK_MS handler for LH_SECONDS, the database's
+#   dead tuples and size sampled every LH_SAMPLE s into samples.csv),
+#   rescue (a victim process holding RESCUE_EVENTS jobs is SIGKILLed; a
+#   second process runs them, for at most RESCUE_TIMEOUT s).
+# HERALD_WORKER_CONCURRENCY (512) and HERALD_WORKER_CLAIM_AHEAD (4096): herald's
+#   throughput sizing; any other HERALD_ variable applies too.
 # OUT (default bench-results/compare-DATE), PORT (54331), PG_CPU,
 # PEERS_TARGET (the peers' cargo target directory, default target/peers),
 # BUILD=0 (use the binaries already built).
@@ -31,13 +37,23 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 SYSTEMS=${SYSTEMS:-"herald-memory herald-nats skip-locked awa graphile-worker-rs apalis graphile-worker-js pg-boss herald-pubsub"}
-CASES=${CASES:-"clean delayed paused hold-tx stale mid-analyze latency idle"}
+CASES=${CASES:-"clean delayed paused hold-tx stale mid-analyze latency idle long-horizon rescue"}
 EVENTS=${EVENTS:-200000}
 BACKLOG_EVENTS=${BACKLOG_EVENTS:-50000}
 BACKLOG=${BACKLOG:-1000000}
 RATES=${RATES:-"1000 2000 4000 8000"}
 LATENCY_SECONDS=${LATENCY_SECONDS:-15}
 IDLE_SECONDS=${IDLE_SECONDS:-60}
+LH_RATE=${LH_RATE:-2000}
+LH_SECONDS=${LH_SECONDS:-600}
+LH_WORK_MS=${LH_WORK_MS:-1}
+LH_SAMPLE=${LH_SAMPLE:-5}
+# herald sized for short handlers, as every peer is sized by its own
+# throughput advice (docs/serve.md, "Sizing"); knobs land in each result.
+export HERALD_WORKER_CONCURRENCY=${HERALD_WORKER_CONCURRENCY:-512}
+export HERALD_WORKER_CLAIM_AHEAD=${HERALD_WORKER_CLAIM_AHEAD:-4096}
+RESCUE_EVENTS=${RESCUE_EVENTS:-2000}
+RESCUE_TIMEOUT=${RESCUE_TIMEOUT:-120}
 PORT=${PORT:-54331}
 OUT=${OUT:-bench-results/compare-$(date +%Y%m%d-%H%M%S)}
 PG_CPU=${PG_CPU:-$ROOT/../shared/tools/pg-cpu}
@@ -104,6 +120,7 @@ psql -qX "$ADMIN_URL" -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"
   echo "node: $(node --version 2>/dev/null || echo none)"
   echo "nats: $(nats-server --version 2>/dev/null || echo none)"
   echo "settings: events=$EVENTS backlog_events=$BACKLOG_EVENTS backlog=$BACKLOG rates=\"$RATES\" latency_seconds=$LATENCY_SECONDS idle_seconds=$IDLE_SECONDS"
+  echo "long horizon: rate=$LH_RATE seconds=$LH_SECONDS work_ms=$LH_WORK_MS sample=$LH_SAMPLE; rescue: events=$RESCUE_EVENTS timeout=$RESCUE_TIMEOUT"
 } >"$OUT/machine.txt"
 # What the cluster costs with no client at all (checkpointer, WAL writer,
 # autovacuum launcher, statistics): the floor under every idle figure.
@@ -136,36 +153,117 @@ command_of() {
   esac
 }
 
-# run SYSTEM CASE SCENARIO ARGS…: one run in a fresh database.
-run() {
-  local system=$1 case=$2 scenario=$3; shift 3
-  local name=$system.$case dir db
-  [ "$scenario" = latency ] && name=$name.$(echo "$@" | sed -n 's/.*--rate \([0-9]*\).*/\1/p')
+# The database's dead and live tuples, total size (tables, indexes, TOAST)
+# and autovacuum/autoanalyze runs, every LH_SAMPLE s into CSV $2, until
+# killed. $1 the database.
+sample_tables() {
+  local url=${ADMIN_URL%/*}/$1 out=$2 t0
+  t0=$(date +%s%3N)
+  echo "t_s,dead_tuples,live_tuples,bytes,autovacuums,autoanalyzes" >"$out"
+  while :; do
+    local row
+    row=$(psql -qXtA -F, "$url" -c "SELECT coalesce(sum(n_dead_tup), 0), coalesce(sum(n_live_tup), 0),
+        coalesce(sum(pg_total_relation_size(relid)), 0), coalesce(sum(autovacuum_count), 0),
+        coalesce(sum(autoanalyze_count), 0) FROM pg_stat_user_tables" 2>/dev/null) || row=
+    [ -n "$row" ] && echo "$(( ($(date +%s%3N) - t0) / 1000 )),$row" >>"$out"
+    sleep "$LH_SAMPLE"
+  done
+}
+
+# begin_run SYSTEM CASE NAME: a fresh database and run directory; sets
+# dir, db, url, RUN_ID and broker.
+begin_run() {
+  local system=$1 case=$2 name=$3
   dir=$OUT/runs/$name
   mkdir -p "$dir"
   db=bench_$(echo "$system" | tr -c 'a-z0-9\n' '_')
   RUN_ID=$(echo "$name" | tr -c 'a-z0-9\n' '-')
   psql -qX "$ADMIN_URL" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
-  local url=${ADMIN_URL%/*}/$db
-  # shellcheck disable=SC2207
-  local cmd=($(command_of "$system" "$scenario" "$url" "$@"))
-  echo "== $name: ${cmd[*]} (load $(cut -d' ' -f1 /proc/loadavg))"
-  printf '%s\n' "$system" "$case" "${cmd[*]}" >"$dir/run.txt"
+  url=${ADMIN_URL%/*}/$db
   : >"$dir/marks"
-  local broker=none
+  broker=none
   case $system in herald-nats) broker=nats ;; herald-pubsub) broker=pubsub ;; esac
+}
+
+# start_process CASE CMD…: one system process in the background with the
+# hook, its output in $dir/stdout and stderr, its PID in $dir/pid.
+start_process() {
+  local case=$1; shift
   MARKS=$dir/marks CASE=$case DB=$db PEER_PID_FILE=$dir/pid BROKER=$broker \
-    "${cmd[@]}" --hook "$ROOT/bench/lib/mark.sh" >"$dir/stdout" 2>"$dir/stderr" &
+    "$@" --hook "$ROOT/bench/lib/mark.sh" >"$dir/stdout" 2>"$dir/stderr" &
   echo $! >"$dir/pid"
-  local rc=0
-  wait $! || rc=$?
-  if [ $rc -ne 0 ]; then
+}
+
+# end_run RC: the run's outcome, then its database dropped.
+end_run() {
+  local rc=$1
+  if [ "$rc" -ne 0 ]; then
     echo "   failed (exit $rc): $(tail -3 "$dir/stderr")"
     echo "$rc" >"$dir/failed"
   else
     tail -1 "$dir/stdout"
   fi
   psql -qX "$ADMIN_URL" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)"
+}
+
+# run SYSTEM CASE SCENARIO ARGS…: one run in a fresh database.
+run() {
+  local system=$1 case=$2 scenario=$3; shift 3
+  local name=$system.$case dir db url broker sampler=
+  [ "$scenario" = latency ] && name=$name.$(echo "$@" | sed -n 's/.*--rate \([0-9]*\).*/\1/p')
+  begin_run "$system" "$case" "$name"
+  # shellcheck disable=SC2207
+  local cmd=($(command_of "$system" "$scenario" "$url" "$@"))
+  echo "== $name: ${cmd[*]} (load $(cut -d' ' -f1 /proc/loadavg))"
+  printf '%s\n' "$system" "$case" "${cmd[*]}" >"$dir/run.txt"
+  if [ "$scenario" = long-horizon ]; then
+    sample_tables "$db" "$dir/samples.csv" &
+    sampler=$!
+  fi
+  start_process "$case" "${cmd[@]}"
+  local rc=0
+  wait "$(cat "$dir/pid")" || rc=$?
+  [ -z "$sampler" ] || { kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null || true; }
+  end_run $rc
+}
+
+# rescue SYSTEM: a victim process takes RESCUE_EVENTS jobs and is SIGKILLed
+# once its handlers are busy (it says so on stdout); then a rescuer process
+# on the same database runs them. The rescuer's result is the run's.
+rescue() {
+  local system=$1 name=$1.rescue dir db url broker
+  begin_run "$system" rescue "$name"
+  # shellcheck disable=SC2207
+  local victim=($(command_of "$system" rescue "$url" --role victim --events "$RESCUE_EVENTS"))
+  echo "== $name: ${victim[*]} (load $(cut -d' ' -f1 /proc/loadavg))"
+  start_process rescue "${victim[@]}"
+  local pid rc=0
+  pid=$(cat "$dir/pid")
+  for _ in $(seq 1 600); do
+    grep -q '"role": *"victim"' "$dir/stdout" 2>/dev/null && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.5
+  done
+  if ! grep -q '"role": *"victim"' "$dir/stdout" 2>/dev/null; then
+    kill -9 "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    printf '%s\n' "$system" rescue "${victim[*]}" >"$dir/run.txt"
+    end_run 1
+    return
+  fi
+  local killed_at
+  killed_at=$(date +%s%3N)
+  kill -9 "$pid"
+  wait "$pid" 2>/dev/null || true
+  mv "$dir/stdout" "$dir/victim.stdout"
+  mv "$dir/stderr" "$dir/victim.stderr"
+  # shellcheck disable=SC2207
+  local cmd=($(command_of "$system" rescue "$url" --role rescuer --events "$RESCUE_EVENTS" \
+    --killed-at "$killed_at" --timeout "$RESCUE_TIMEOUT"))
+  printf '%s\n' "$system" rescue "${cmd[*]}" >"$dir/run.txt"
+  start_process rescue "${cmd[@]}"
+  wait "$(cat "$dir/pid")" || rc=$?
+  end_run $rc
 }
 
 for system in $SYSTEMS; do
@@ -180,6 +278,12 @@ for system in $SYSTEMS; do
         esac ;;
       latency) for r in $RATES; do run "$system" "$case" latency --rate "$r" --seconds "$LATENCY_SECONDS"; done ;;
       idle) run "$system" "$case" idle --seconds "$IDLE_SECONDS" ;;
+      long-horizon)
+        [ "$system" = herald-sqlite ] && continue  # its own file: no table samples
+        run "$system" "$case" long-horizon --rate "$LH_RATE" --seconds "$LH_SECONDS" --work-ms "$LH_WORK_MS" ;;
+      rescue)
+        [ "$system" = herald-sqlite ] && continue
+        rescue "$system" ;;
       *) echo "unknown case $case" >&2; exit 2 ;;
     esac
   done

@@ -18,7 +18,8 @@
 #                peer runs its own ANALYZE)
 #   stale        after-backlog: VACUUM ANALYZE (statistics taken while only
 #                the backlog is stored), none at drain-start
-#   mid-analyze  mid-drain: ANALYZE (what autovacuum does on a busy table)
+#   mid-analyze  mid-drain: ANALYZE (what autovacuum does on a busy table),
+#                its own backend's CPU written to analyze.txt
 #   hold-tx      drain-start: open a transaction that holds an xid (vacuum
 #                can clean nothing after it); drain-end: end it
 #
@@ -43,7 +44,21 @@ case "$CASE:$phase" in
 esac
 case "$CASE:$phase" in
   stale:after-backlog) psql -qX "$db_url" -c "VACUUM ANALYZE" >/dev/null ;;
-  mid-analyze:mid-drain) psql -qX "$db_url" -c "ANALYZE" >/dev/null ;;
+  mid-analyze:mid-drain)
+    # The ANALYZE's own backend CPU (analyze.txt: analyze_cpu_ms N),
+    # so the report can tell the statistics' cost, which any queue pays,
+    # from the queue's cost after them.
+    ticks=$(psql -qXtA "$db_url" <<'SQL'
+SELECT pg_backend_pid() AS pid \gset
+\setenv BACKEND_PID :pid
+\! awk '{print "before", $14 + $15}' /proc/$BACKEND_PID/stat
+ANALYZE;
+\! awk '{print "after", $14 + $15}' /proc/$BACKEND_PID/stat
+SQL
+)
+    b=$(echo "$ticks" | awk '$1 == "before" {print $2}')
+    a=$(echo "$ticks" | awk '$1 == "after" {print $2}')
+    echo "analyze_cpu_ms $(( (a - b) * 1000 / hz ))" >"$(dirname "$MARKS")/analyze.txt" ;;
   hold-tx:drain-start)
     PGAPPNAME=bench-hold-tx setsid psql -qX "$db_url" \
       -c "BEGIN; SELECT txid_current(); SELECT pg_sleep(86400);" >/dev/null 2>&1 &
@@ -56,8 +71,22 @@ case "$CASE:$phase" in
   hold-tx:drain-end)
     psql -qXtA "$ADMIN_URL" -c "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'bench-hold-tx'" >/dev/null ;;
 esac
+# The statements of the timed part alone, per run: forgotten as it starts
+# (before its running total is read, so the totals stay consistent), the
+# costliest written to statements.txt beside the marks as it ends.
+dbid="(SELECT oid FROM pg_database WHERE datname = '$DB')"
+case $phase in
+  drain-start|run-start|idle-start|rescue-start)
+    psql -qXtA "$ADMIN_URL" -c "SELECT pg_stat_statements_reset(0, $dbid, 0)" >/dev/null ;;
+  drain-end|run-end|idle-end|rescue-end)
+    psql -qX "$ADMIN_URL" -P pager=off -c "SELECT calls, rows, round(total_exec_time::numeric, 1) AS total_ms,
+        round(mean_exec_time::numeric, 3) AS mean_ms, pg_size_pretty(wal_bytes) AS wal,
+        left(regexp_replace(query, '\s+', ' ', 'g'), 140) AS query
+      FROM pg_stat_statements WHERE dbid = $dbid ORDER BY total_exec_time DESC LIMIT 15" \
+      >"$(dirname "$MARKS")/statements.txt" ;;
+esac
 pg_ms=$(( $("$PG_CPU" --now) * 1000 / hz ))
-statements=$(psql -qXtA "$ADMIN_URL" -c "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = '$DB')")
+statements=$(psql -qXtA "$ADMIN_URL" -c "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE dbid = $dbid")
 peer_ms=$(( $(ticks_of "$(cat "$PEER_PID_FILE")") * 1000 / hz ))
 broker=0
 case ${BROKER:-none} in

@@ -71,7 +71,13 @@ fn drain_on_sqlite_runs_every_runnable_event_and_leaves_the_paused_backlog() {
     assert!(result["knobs"].is_object(), "{result}");
     assert_eq!(
         seen,
-        phases(&["after-backlog", "drain-start", "mid-drain", "drain-end"])
+        phases(&[
+            "after-backlog",
+            "backlog-parked",
+            "drain-start",
+            "mid-drain",
+            "drain-end"
+        ])
     );
 }
 
@@ -104,6 +110,38 @@ fn latency_on_sqlite_measures_every_offered_event_at_each_rate() {
     assert!(svg.contains("<svg"), "not an SVG");
     assert_eq!(seen.first().map(String::as_str), Some("run-start"));
     assert_eq!(seen.last().map(String::as_str), Some("run-end"));
+}
+
+#[test]
+fn long_horizon_on_sqlite_reports_every_window_and_runs_every_offered_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let (result, seen) = bench(
+        dir.path(),
+        &[
+            "long-horizon",
+            "--rate",
+            "200",
+            "--seconds",
+            "3",
+            "--work-ms",
+            "2",
+            "--window",
+            "1",
+        ],
+    );
+    assert_eq!(result["scenario"], "long-horizon");
+    assert_eq!(result["work_ms"], 2.0);
+    let offered = result["offered"].as_u64().unwrap();
+    assert!(offered > 0, "{result}");
+    assert_eq!(result["completed"], offered, "every offered event ran");
+    let windows = result["windows"].as_array().expect("windows");
+    assert!(windows.len() >= 3, "three seconds in 1 s windows: {result}");
+    let in_windows: u64 = windows
+        .iter()
+        .map(|w| w["completed"].as_u64().unwrap())
+        .sum();
+    assert_eq!(in_windows, offered, "every start falls in one window");
+    assert_eq!(seen, phases(&["run-start", "run-end"]));
 }
 
 #[test]
@@ -188,4 +226,76 @@ async fn drain_on_postgres_drops_its_schema_afterwards() {
     .await
     .unwrap();
     assert_eq!(left, 0, "the bench schema was dropped after the run");
+}
+
+/// The victim holds every event in handlers that never return and is
+/// SIGKILLed; the rescuer, another process on the same schema, runs every
+/// one of them once its leases lapse.
+#[tokio::test]
+async fn rescue_on_postgres_runs_every_event_the_killed_victim_held() {
+    use herald_postgres::testing::{self, TestSchema};
+    use std::io::BufRead as _;
+    let test = "bench::rescue_on_postgres_runs_every_event_the_killed_victim_held";
+    let url = testing::database_url();
+    if let Err(e) = testing::reachable().await {
+        testing::unreachable(test, &url, &e);
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let schema = TestSchema::adopt(TestSchema::random_name());
+    let phases_file = dir.path().join("phases");
+    let hook = format!("echo >>{}", phases_file.display());
+    let common = |role: &str| {
+        let mut c = herald(dir.path());
+        c.args(["bench", "rescue", "--role", role, "--events", "300"])
+            .args(["--store", &url, "--schema", schema.name(), "--hook", &hook])
+            .env("HERALD_WORKER_LEASE", "2s")
+            .env("HERALD_WORKER_SWEEP_EVERY", "500ms")
+            .env("HERALD_WORKER_CONCURRENCY", "100")
+            // Every event leased by the victim: none waits on a
+            // notification that died with its in-process queue.
+            .env("HERALD_WORKER_CLAIM_AHEAD", "300");
+        c
+    };
+    let mut victim = common("victim")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the victim");
+    let line = std::io::BufReader::new(victim.stdout.take().unwrap())
+        .lines()
+        .next()
+        .expect("the victim says it holds the events")
+        .unwrap();
+    let held: Value = serde_json::from_str(&line).expect("a JSON line");
+    assert_eq!(held["role"], "victim", "{held}");
+    assert_eq!(held["running"], 100, "every slot busy: {held}");
+    victim.kill().expect("SIGKILL the victim");
+    let killed_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        .to_string();
+    victim.wait().unwrap();
+    let out = common("rescuer")
+        .args(["--killed-at", &killed_at, "--timeout", "60"])
+        .output()
+        .expect("run the rescuer");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the rescuer failed: {stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let result: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(result["role"], "rescuer");
+    assert_eq!(result["timed_out"], false, "{result}\n{stderr}");
+    assert_eq!(result["completed"], 300, "every held event ran: {result}");
+    let rescue_s = result["rescue_s"].as_f64().unwrap();
+    // Not before the victim's leases could have lapsed (renewed at most a
+    // third of a lease before the kill), and well inside the timeout.
+    assert!(rescue_s > 1.0 && rescue_s < 60.0, "{result}");
+    assert_eq!(result["knobs"]["rescue_after_s"], 2.5, "{result}");
+    let seen = std::fs::read_to_string(&phases_file).unwrap();
+    assert_eq!(
+        seen.lines().collect::<Vec<_>>(),
+        ["victim-running", "rescue-start", "rescue-end"]
+    );
 }

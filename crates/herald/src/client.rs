@@ -173,12 +173,13 @@ impl Client {
         }
     }
 
-    /// Sets how long the notifications of an emit wait for those of other
-    /// emits, to be published together (default
-    /// [`DEFAULT_NOTIFY_LINGER`], 1 ms; zero publishes each emit's at
-    /// once). An emit returns once its notifications are published, so a
-    /// single emit takes up to this much longer; in exchange, single emits
-    /// close in time share messages (docs/semantics.md).
+    /// Sets how long the notifications of an emit wait at most for a
+    /// publish in flight, to be published together with those of the other
+    /// emits that wait (default [`DEFAULT_NOTIFY_LINGER`], 1 ms; zero
+    /// publishes each emit's at once). With no publish in flight an emit's
+    /// notifications go out at once; under load an emit returns up to this
+    /// much later, and single emits close in time share messages
+    /// (docs/semantics.md).
     pub fn notify_linger(mut self, linger: Duration) -> Self {
         self.publisher = Arc::new(Publisher::new(self.queue.clone(), linger));
         self

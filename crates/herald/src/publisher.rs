@@ -1,17 +1,21 @@
-//! Publishing the notifications of emits: those that arrive within a short
-//! linger of each other are grouped ([`Publish::group`]) and published
-//! together, so single emits close in time share messages.
+//! Publishing the notifications of emits: an emit's notifications go out
+//! at once when no publish is in flight; those that arrive while one is
+//! wait for it (at most a short linger) and are grouped
+//! ([`Publish::group`]) and published together, so single emits close in
+//! time share messages.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
 
 use crate::queue::{Publish, Queue};
 use crate::store::Scheduled;
 
-/// How long emits' notifications wait for others by default: see
+/// How long emits' notifications wait at most for a publish in flight by
+/// default: see
 /// [`crate::Client::notify_linger`].
 pub const DEFAULT_NOTIFY_LINGER: Duration = Duration::from_millis(1);
 
@@ -21,7 +25,7 @@ struct Pending {
     published: oneshot::Sender<()>,
 }
 
-/// Publishes emits' notifications, grouped within a linger.
+/// Publishes emits' notifications, grouping those that wait for a publish.
 pub(crate) struct Publisher {
     queue: Arc<dyn Queue>,
     linger: Duration,
@@ -31,8 +35,9 @@ pub(crate) struct Publisher {
 }
 
 impl Publisher {
-    /// Publishes on `queue`, grouping what arrives within `linger` (zero:
-    /// each emit's notifications at once, grouped among themselves).
+    /// Publishes on `queue`, grouping what arrives while a publish is in
+    /// flight, for at most `linger` (zero: each emit's notifications at
+    /// once, grouped among themselves).
     pub(crate) fn new(queue: Arc<dyn Queue>, linger: Duration) -> Self {
         Publisher {
             queue,
@@ -42,7 +47,7 @@ impl Publisher {
     }
 
     /// Publishes the notifications of `events`, with those of other emits
-    /// that arrive within the linger, and returns once they are published
+    /// that wait with them, and returns once they are published
     /// (a failed publish is logged: the reconciler notifies those events).
     pub(crate) async fn publish(&self, events: Vec<Scheduled>) {
         if events.is_empty() {
@@ -77,20 +82,43 @@ impl Publisher {
     }
 }
 
-/// Collects what arrives within `linger` of the first pending emit, and
-/// publishes it on a task of its own while the next group collects.
+/// Publishes each pending emit at once when no publish is in flight (no
+/// added latency when the load is light); while one is, collects what
+/// arrives until every publish in flight has finished or `linger` has
+/// passed, whichever comes first, and publishes that as one group on a
+/// task of its own (Nagle's rule, as group commit does for writes).
 async fn group(
     queue: Arc<dyn Queue>,
     linger: Duration,
     mut inbox: mpsc::UnboundedReceiver<Pending>,
 ) {
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let idle = Arc::new(Notify::new());
     while let Some(first) = inbox.recv().await {
-        let deadline = Instant::now() + linger;
         let mut batch = vec![first];
-        while let Ok(Some(p)) = tokio::time::timeout_at(deadline, inbox.recv()).await {
+        // Registered before the count is read, so that a publish ending
+        // in between still wakes this wait.
+        let ended = idle.notified();
+        tokio::pin!(ended);
+        ended.as_mut().enable();
+        if in_flight.load(Ordering::SeqCst) > 0 {
+            let deadline = Instant::now() + linger;
+            loop {
+                tokio::select! {
+                    p = inbox.recv() => match p {
+                        Some(p) => batch.push(p),
+                        None => break,
+                    },
+                    _ = &mut ended => break,
+                    _ = tokio::time::sleep_until(deadline) => break,
+                }
+            }
+        }
+        while let Ok(p) = inbox.try_recv() {
             batch.push(p);
         }
-        let queue = queue.clone();
+        in_flight.fetch_add(1, Ordering::SeqCst);
+        let (queue, in_flight, idle) = (queue.clone(), in_flight.clone(), idle.clone());
         tokio::spawn(async move {
             let mut events = Vec::new();
             let mut waiting = Vec::with_capacity(batch.len());
@@ -99,6 +127,11 @@ async fn group(
                 waiting.push(p.published);
             }
             publish(queue.as_ref(), events).await;
+            // Counted out before the emits are answered, so that an
+            // emitter's next emit finds this publish over.
+            if in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+                idle.notify_waiters();
+            }
             for w in waiting {
                 let _ = w.send(());
             }
@@ -120,6 +153,9 @@ mod tests {
     use super::*;
     use crate::memory_queue::MemoryQueue;
     use crate::model::EventId;
+    use crate::queue::{Delivery, DeliveryTag, QueueResult};
+    use async_trait::async_trait;
+    use tokio::sync::Semaphore;
 
     fn due(n: usize) -> Vec<Scheduled> {
         (0..n)
@@ -127,33 +163,130 @@ mod tests {
             .collect()
     }
 
-    /// Publishes one event per call from 40 tasks at once; returns the
-    /// messages on the queue.
-    async fn forty_single_emits(linger: Duration) -> usize {
-        let queue = Arc::new(MemoryQueue::default());
-        let publisher = Arc::new(Publisher::new(queue.clone(), linger));
-        let calls: Vec<_> = (0..40)
+    /// A memory queue whose first publish waits until `open` is called: a
+    /// publish in flight, for as long as a test wants.
+    #[derive(Default)]
+    struct Gated {
+        inner: MemoryQueue,
+        gate: Semaphore,
+        publishes: AtomicUsize,
+    }
+
+    impl Gated {
+        fn open(&self) {
+            self.gate.add_permits(1);
+        }
+    }
+
+    #[async_trait]
+    impl Queue for Gated {
+        async fn publish(&self, batch: &[Publish]) -> QueueResult<()> {
+            if self.publishes.fetch_add(1, Ordering::SeqCst) == 0 {
+                self.gate.acquire().await.expect("open").forget();
+            }
+            self.inner.publish(batch).await
+        }
+        async fn receive(&self, max: usize) -> QueueResult<Vec<Delivery>> {
+            self.inner.receive(max).await
+        }
+        async fn ack(&self, tags: &[DeliveryTag]) -> QueueResult<()> {
+            self.inner.ack(tags).await
+        }
+        async fn nack(&self, batch: &[(DeliveryTag, Duration)]) -> QueueResult<()> {
+            self.inner.nack(batch).await
+        }
+        async fn extend(&self, tags: &[DeliveryTag]) -> QueueResult<()> {
+            self.inner.extend(tags).await
+        }
+        fn max_delay(&self) -> Option<Duration> {
+            self.inner.max_delay()
+        }
+        fn durable(&self) -> bool {
+            false
+        }
+        async fn close(&self) {
+            self.inner.close().await
+        }
+    }
+
+    /// Starts `n` single-event publishes from tasks of their own.
+    fn spawn_publishes(publisher: &Arc<Publisher>, n: usize) -> Vec<tokio::task::JoinHandle<()>> {
+        (0..n)
             .map(|_| {
                 let p = publisher.clone();
                 tokio::spawn(async move { p.publish(due(1)).await })
             })
-            .collect();
-        for c in calls {
-            c.await.unwrap();
-        }
-        queue.len()
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_publish_waits_for_no_linger() {
+        let queue = Arc::new(MemoryQueue::default());
+        let publisher = Publisher::new(queue.clone(), Duration::from_millis(500));
+        let t = Instant::now();
+        publisher.publish(due(1)).await;
+        publisher.publish(due(1)).await;
+        assert_eq!(t.elapsed(), Duration::ZERO, "nothing in flight: at once");
+        assert_eq!(queue.len(), 2);
     }
 
     #[tokio::test]
-    async fn single_emits_within_the_linger_share_messages() {
-        // A long linger, so that the 40 calls surely fall within it: they
-        // fit in one message of 64 ids.
-        assert_eq!(forty_single_emits(Duration::from_millis(500)).await, 1);
+    async fn emits_arriving_during_a_publish_share_the_next_message() {
+        let queue = Arc::new(Gated::default());
+        let publisher = Arc::new(Publisher::new(queue.clone(), Duration::from_secs(60)));
+        let first = spawn_publishes(&publisher, 1);
+        while queue.publishes.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        let rest = spawn_publishes(&publisher, 39);
+        // Let all 39 reach the publisher while the first is held.
+        tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(
-            forty_single_emits(Duration::ZERO).await,
-            40,
-            "no linger: one each"
+            queue.publishes.load(Ordering::SeqCst),
+            1,
+            "they wait for it"
         );
+        queue.open();
+        for c in first.into_iter().chain(rest) {
+            c.await.unwrap();
+        }
+        assert_eq!(queue.publishes.load(Ordering::SeqCst), 2);
+        assert_eq!(
+            queue.inner.len(),
+            2,
+            "the first alone, the 39 in one message"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_publish_in_flight_holds_the_next_for_at_most_the_linger() {
+        let queue = Arc::new(Gated::default());
+        let publisher = Arc::new(Publisher::new(queue.clone(), Duration::from_millis(5)));
+        let first = spawn_publishes(&publisher, 1);
+        while queue.publishes.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        let t = Instant::now();
+        publisher.publish(due(1)).await;
+        assert_eq!(
+            t.elapsed(),
+            Duration::from_millis(5),
+            "the linger, no longer"
+        );
+        assert_eq!(queue.inner.len(), 1, "published beside the held one");
+        queue.open();
+        first.into_iter().next().unwrap().await.unwrap();
+        assert_eq!(queue.inner.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn no_linger_publishes_each_emit_on_its_own() {
+        let queue = Arc::new(MemoryQueue::default());
+        let publisher = Arc::new(Publisher::new(queue.clone(), Duration::ZERO));
+        for c in spawn_publishes(&publisher, 40) {
+            c.await.unwrap();
+        }
+        assert_eq!(queue.len(), 40);
     }
 
     #[tokio::test]

@@ -107,7 +107,8 @@ pub fn bars(path: &Path, title: &str, x_desc: &str, bars: &[(String, f64)]) -> R
             .margin(12)
             .x_label_area_size(36)
             .y_label_area_size(260)
-            .build_cartesian_2d(0.0..x_max, (0..n).into_segmented())?;
+            // `into_segmented` makes n + 1 segments of 0..n: 0..n - 1 gives n.
+            .build_cartesian_2d(0.0..x_max, (0..n - 1).into_segmented())?;
         chart
             .configure_mesh()
             .disable_y_mesh()

@@ -67,6 +67,17 @@ struct Row {
     /// Events in the timed phase (drained, or offered).
     events: f64,
     delta: Option<Mark>,
+    /// The mid-drain ANALYZE's own backend CPU (`analyze.txt`), when the
+    /// case ran one.
+    analyze_cpu_ms: Option<f64>,
+    /// Long horizon: the driver's samples of the database (`samples.csv`:
+    /// seconds, dead tuples, live tuples, bytes, autovacuums, autoanalyzes).
+    samples: Vec<[f64; 6]>,
+    /// Rescue: the victim's line (how many it held running when killed).
+    victim: Value,
+    /// herald's paused backlog: parking it, `after-backlog` to
+    /// `backlog-parked` (untimed, before the drain).
+    parking: Option<Mark>,
 }
 
 impl Row {
@@ -81,8 +92,9 @@ impl Row {
 
 fn timed_phases(scenario: &str) -> (&'static str, &'static str) {
     match scenario {
-        "latency" => ("run-start", "run-end"),
+        "latency" | "long-horizon" => ("run-start", "run-end"),
         "idle" => ("idle-start", "idle-end"),
+        "rescue" => ("rescue-start", "rescue-end"),
         _ => ("drain-start", "drain-end"),
     }
 }
@@ -99,14 +111,17 @@ fn read_run(dir: &Path) -> Option<Row> {
             result: Value::Null,
             events: 0.0,
             delta: None,
+            analyze_cpu_ms: None,
+            samples: Vec::new(),
+            victim: Value::Null,
+            parking: None,
         });
     }
     let stdout = std::fs::read_to_string(dir.join("stdout")).ok()?;
     let result: Value = serde_json::from_str(stdout.lines().last()?).ok()?;
     let scenario = result["scenario"].as_str().unwrap_or("drain");
     let marks = parse_marks(&std::fs::read_to_string(dir.join("marks")).unwrap_or_default());
-    let (from, to) = timed_phases(scenario);
-    let delta = match (marks.get(from), marks.get(to)) {
+    let between = |from: &str, to: &str| match (marks.get(from), marks.get(to)) {
         (Some(a), Some(b)) => Some(Mark {
             wall_ms: b.wall_ms - a.wall_ms,
             pg_cpu_ms: b.pg_cpu_ms - a.pg_cpu_ms,
@@ -116,8 +131,31 @@ fn read_run(dir: &Path) -> Option<Row> {
         }),
         _ => None,
     };
+    let (from, to) = timed_phases(scenario);
+    let delta = between(from, to);
+    let parking = between("after-backlog", "backlog-parked");
+    let analyze_cpu_ms = std::fs::read_to_string(dir.join("analyze.txt"))
+        .ok()
+        .and_then(|t| t.split_whitespace().nth(1)?.parse().ok());
+    let samples = std::fs::read_to_string(dir.join("samples.csv"))
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let v: Vec<f64> = l.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+            v.try_into().ok()
+        })
+        .collect();
+    let victim = std::fs::read_to_string(dir.join("victim.stdout"))
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .rev()
+                .find_map(|l| serde_json::from_str::<Value>(l).ok())
+        })
+        .unwrap_or(Value::Null);
     let events = match scenario {
-        "latency" => result["offered"].as_f64().unwrap_or(0.0),
+        "latency" | "long-horizon" => result["offered"].as_f64().unwrap_or(0.0),
         "idle" => 0.0,
         _ => result["events"].as_f64().unwrap_or(0.0),
     };
@@ -127,6 +165,10 @@ fn read_run(dir: &Path) -> Option<Row> {
         result,
         events,
         delta,
+        analyze_cpu_ms,
+        samples,
+        victim,
+        parking,
     })
 }
 
@@ -160,11 +202,11 @@ pub fn run(args: ReportArgs) -> Result<(), BenchError> {
         };
         let scenario = r.result["scenario"].as_str().unwrap_or("");
         let rate = match scenario {
-            "latency" => format!(
+            "latency" | "long-horizon" => format!(
                 "{:.0} offered",
                 r.result["achieved_rate"].as_f64().unwrap_or(0.0)
             ),
-            "idle" => "–".into(),
+            "idle" | "rescue" => "–".into(),
             _ => format!("{:.0}", r.result["events_per_s"].as_f64().unwrap_or(0.0)),
         };
         let latency = match &r.result["latency_ms"] {
@@ -190,11 +232,20 @@ pub fn run(args: ReportArgs) -> Result<(), BenchError> {
         } else {
             "–".into()
         };
+        // The ANALYZE's own CPU is the statistics' cost, which any queue
+        // pays; what is left is the queue's cost with the new statistics.
+        let pg_cpu = match r.analyze_cpu_ms {
+            Some(a) => format!(
+                "{} ({} without the ANALYZE's own {a:.0} ms)",
+                r.per_1k(d.pg_cpu_ms),
+                r.per_1k(d.pg_cpu_ms - a)
+            ),
+            None => r.per_1k(d.pg_cpu_ms),
+        };
         md.push_str(&format!(
-            "| {} | {} | {rate} | {latency} | {} | {statements} | {} | {} | {idle} |\n",
+            "| {} | {} | {rate} | {latency} | {pg_cpu} | {statements} | {} | {} | {idle} |\n",
             r.system,
             r.case,
-            r.per_1k(d.pg_cpu_ms),
             r.per_1k(d.peer_cpu_ms),
             if matches!(r.system.as_str(), "herald-nats" | "herald-pubsub") {
                 r.per_1k(d.broker_cpu_ms)
@@ -203,6 +254,28 @@ pub fn run(args: ReportArgs) -> Result<(), BenchError> {
             },
         ));
     }
+    let parked: Vec<&Row> = rows.iter().filter(|r| r.parking.is_some()).collect();
+    if !parked.is_empty() {
+        md.push_str(
+            "\nParking the paused backlog before the drain (untimed; what the \
+             reconciler's sweeps do once, as the events arrive):\n\n",
+        );
+        for r in parked {
+            let (Some(p), Some(n)) = (r.parking, r.result["backlog"].as_f64()) else {
+                continue;
+            };
+            md.push_str(&format!(
+                "- {}: {n:.0} events in {:.1} s, {:.0} ms PG CPU ({:.1} per 1,000), {} statements\n",
+                r.system,
+                p.wall_ms / 1000.0,
+                p.pg_cpu_ms,
+                p.pg_cpu_ms * 1000.0 / n.max(1.0),
+                p.statements
+            ));
+        }
+    }
+    long_horizon(&args.dir, &rows, &mut md)?;
+    rescues(&rows, &mut md);
     md.push_str("\nEvery system's knobs, as each run printed them:\n\n");
     let mut knobs = BTreeMap::new();
     for r in &rows {
@@ -260,6 +333,143 @@ pub fn run(args: ReportArgs) -> Result<(), BenchError> {
     })?;
     print!("{md}");
     Ok(())
+}
+
+/// The long-horizon runs: a table of their worst windows and the
+/// database's growth, and three charts over time (p99 per window, dead
+/// tuples, size).
+fn long_horizon(dir: &Path, rows: &[Row], md: &mut String) -> Result<(), BenchError> {
+    let runs: Vec<&Row> = rows.iter().filter(|r| r.case == "long-horizon").collect();
+    if runs.is_empty() {
+        return Ok(());
+    }
+    md.push_str(
+        "\nLong horizon (a fixed offered rate of a handler that works `work_ms`; \
+         windows by handler start; the database sampled by the driver):\n\n\
+         | system | offered/s | ran/s | p50 / p99 ms | worst window ran/s | worst window p99 ms | \
+         dead tuples, peak | size, peak / end | autovacuums |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
+    );
+    let mut p99s = Vec::new();
+    let mut dead = Vec::new();
+    let mut size = Vec::new();
+    for r in &runs {
+        let res = &r.result;
+        let windows = res["windows"].as_array().cloned().unwrap_or_default();
+        let window_s = windows
+            .first()
+            .and_then(|w| w["t_s"].as_f64())
+            .unwrap_or(10.0)
+            .max(1.0);
+        // The last window may be cut short by the end of offering.
+        let full = &windows[..windows.len().saturating_sub(1)];
+        let worst_rate = full
+            .iter()
+            .filter_map(|w| w["completed"].as_f64())
+            .fold(f64::INFINITY, f64::min)
+            / window_s;
+        let worst_p99 = windows
+            .iter()
+            .filter_map(|w| w["latency_ms"]["p99"].as_f64())
+            .fold(0.0, f64::max);
+        let peak = |i: usize| r.samples.iter().map(|s| s[i]).fold(0.0, f64::max);
+        let mb = |b: f64| b / 1_048_576.0;
+        let last = r.samples.last().copied().unwrap_or([0.0; 6]);
+        md.push_str(&format!(
+            "| {} | {:.0} | {:.0} | {:.1} / {:.1} | {} | {worst_p99:.1} | {:.0} | {:.0} / {:.0} MB | {:.0} |\n",
+            r.system,
+            res["rate"].as_f64().unwrap_or(0.0),
+            res["achieved_rate"].as_f64().unwrap_or(0.0),
+            res["latency_ms"]["p50"].as_f64().unwrap_or(0.0),
+            res["latency_ms"]["p99"].as_f64().unwrap_or(0.0),
+            if worst_rate.is_finite() { format!("{worst_rate:.0}") } else { "–".into() },
+            peak(1),
+            mb(peak(3)),
+            mb(last[3]),
+            last[4] - r.samples.first().map_or(0.0, |s| s[4]),
+        ));
+        p99s.push((
+            r.system.clone(),
+            windows
+                .iter()
+                .filter_map(|w| Some((w["t_s"].as_f64()?, w["latency_ms"]["p99"].as_f64()?)))
+                .collect(),
+        ));
+        dead.push((
+            r.system.clone(),
+            r.samples.iter().map(|s| (s[0], s[1])).collect(),
+        ));
+        size.push((
+            r.system.clone(),
+            r.samples.iter().map(|s| (s[0], mb(s[3]))).collect(),
+        ));
+    }
+    let charts: [(&str, &str, &str, &[chart::Series]); 3] = [
+        (
+            "long-horizon-p99.svg",
+            "long horizon: p99 per window",
+            "ms",
+            &p99s,
+        ),
+        (
+            "long-horizon-dead.svg",
+            "long horizon: dead tuples",
+            "dead tuples",
+            &dead,
+        ),
+        (
+            "long-horizon-size.svg",
+            "long horizon: database size",
+            "MB",
+            &size,
+        ),
+    ];
+    for (file, title, y, series) in charts {
+        let path = dir.join(file);
+        chart::lines(&path, title, "seconds", y, series)
+            .map_err(|reason| BenchError::Write { path, reason })?;
+        md.push_str(&format!("\n![{title}]({file})\n"));
+    }
+    Ok(())
+}
+
+/// The rescue runs: how long the jobs a SIGKILLed process held took to run
+/// in another one, beside each system's setting that decides it.
+fn rescues(rows: &[Row], md: &mut String) {
+    let runs: Vec<&Row> = rows.iter().filter(|r| r.case == "rescue").collect();
+    if runs.is_empty() {
+        return;
+    }
+    md.push_str(
+        "\nRescue after SIGKILL (a victim holding the jobs is killed; a second process \
+         runs them):\n\n\
+         | system | jobs | running at the kill | first run after | all run after | \
+         rescue setting (s) |\n|---|---|---|---|---|---|\n",
+    );
+    for r in runs {
+        let res = &r.result;
+        if res.is_null() {
+            md.push_str(&format!("| {} | failed (see runs/) | | | | |\n", r.system));
+            continue;
+        }
+        let secs = |v: &Value| v.as_f64().map_or("–".to_string(), |s| format!("{s:.1} s"));
+        let all = if res["timed_out"].as_bool().unwrap_or(false) {
+            format!(
+                "not within {} s ({} of {} ran)",
+                res["timeout_s"], res["completed"], res["events"]
+            )
+        } else {
+            secs(&res["rescue_s"])
+        };
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {all} | {} |\n",
+            r.system,
+            res["events"],
+            r.victim["running"],
+            secs(&res["first_s"]),
+            res["knobs"]["rescue_after_s"],
+        ));
+    }
 }
 
 #[cfg(test)]

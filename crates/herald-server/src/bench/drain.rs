@@ -9,7 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
 use super::report::{cpu_ms, process_cpu};
-use super::setup::{Bench, HANDLER};
+use super::setup::{Bench, Fresh, HANDLER};
 use super::{BenchError, Report, Target};
 
 /// Options of `herald bench drain`.
@@ -25,7 +25,9 @@ pub struct DrainArgs {
     /// for --backlog-tenants tenants, due an hour ago (in front of every
     /// runnable event). Both are stored without notifications, as in a
     /// steady state: a delayed event's notification waits in the queue, a
-    /// paused one's was dropped when it arrived.
+    /// paused one's was dropped when it arrived and the sweep has parked
+    /// the event since (done here before the drain, untimed: phase
+    /// `backlog-parked`).
     #[arg(long, default_value = "delayed", value_parser = ["delayed", "paused"])]
     backlog_kind: String,
     /// Paused backlog: the tenants it is spread over, each with a pause.
@@ -45,9 +47,13 @@ pub struct DrainArgs {
 const CHUNK: u64 = 5000;
 
 pub(super) async fn run(args: DrainArgs) -> Result<Report, BenchError> {
-    let bench = Bench::open(&args.target).await?;
+    let bench = Bench::open(&args.target, Fresh::Empty).await?;
     store_backlog(&bench, &args).await?;
     bench.hook.call("after-backlog").await?;
+    if args.backlog > 0 && args.backlog_kind == "paused" {
+        park_backlog(&bench, args.backlog).await?;
+        bench.hook.call("backlog-parked").await?;
+    }
     let bar = progress(args.events, "storing");
     for start in (0..args.events).step_by(CHUNK as usize) {
         let n = CHUNK.min(args.events - start);
@@ -167,6 +173,38 @@ async fn store_backlog(bench: &Bench, args: &DrainArgs) -> Result<(), BenchError
             .collect();
         bench.store.emit(&batch).await?;
         bar.inc(n);
+    }
+    bar.finish_and_clear();
+    Ok(())
+}
+
+/// Parks the paused backlog as the reconciler's sweeps would have done
+/// long before, in the steady state this case stands for (a notification
+/// of a held event is acked and the next sweep parks the event): sweep
+/// passes with no quiet period until one finds nothing. Untimed, between
+/// the `after-backlog` and `backlog-parked` phases, so that the hook can
+/// measure the one-time cost of parking apart from the drain.
+async fn park_backlog(bench: &Bench, backlog: u64) -> Result<(), BenchError> {
+    /// Notifications per sweep call; a call parks up to 16 times as many.
+    const LIMIT: usize = 1000;
+    let bar = progress(backlog, "parking the backlog");
+    let mut pass = None;
+    let mut calls = 0u64;
+    loop {
+        let page = bench.store.sweep(Duration::ZERO, pass, LIMIT).await?;
+        if !page.due.is_empty() {
+            return Err(BenchError::Failed(format!(
+                "parking the paused backlog: the sweep found {} events to notify, \
+                 but only paused events are stored yet",
+                page.due.len()
+            )));
+        }
+        calls += 1;
+        bar.set_position((calls * (LIMIT as u64) * 16).min(backlog));
+        if page.complete {
+            break;
+        }
+        pass = Some(page.pass);
     }
     bar.finish_and_clear();
     Ok(())

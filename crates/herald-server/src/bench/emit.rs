@@ -11,7 +11,7 @@ use tokio::sync::Semaphore;
 
 use super::drain::progress;
 use super::report::{cpu_ms, process_cpu};
-use super::setup::{Bench, HANDLER};
+use super::setup::{Bench, Fresh, HANDLER};
 use super::{BenchError, Report, Target};
 
 /// Options of `herald bench emit`.
@@ -37,7 +37,7 @@ pub struct EmitArgs {
 }
 
 pub(super) async fn run(args: EmitArgs) -> Result<Report, BenchError> {
-    let bench = Bench::open(&args.target).await?;
+    let bench = Bench::open(&args.target, Fresh::Empty).await?;
     let tenants = args.tenants.max(1);
     let cpu = process_cpu();
 

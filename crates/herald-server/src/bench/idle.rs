@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::report::{cpu_ms, process_cpu};
-use super::setup::Bench;
+use super::setup::{Bench, Fresh};
 use super::{BenchError, Report, Target};
 
 /// Options of `herald bench idle`.
@@ -23,7 +23,7 @@ pub struct IdleArgs {
 const WARM_UP: Duration = Duration::from_secs(5);
 
 pub(super) async fn run(args: IdleArgs) -> Result<Report, BenchError> {
-    let bench = Bench::open(&args.target).await?;
+    let bench = Bench::open(&args.target, Fresh::Empty).await?;
     let worker = bench.worker(|_: serde::de::IgnoredAny, _| async {});
     tokio::time::sleep(WARM_UP).await;
     bench.hook.call("idle-start").await?;

@@ -12,7 +12,7 @@ use tokio::sync::Semaphore;
 
 use super::drain::progress;
 use super::report::{cpu_ms, process_cpu, Percentiles, Point};
-use super::setup::{Bench, HANDLER};
+use super::setup::{Bench, Fresh, HANDLER};
 use super::{chart, BenchError, Report, Target};
 
 /// Options of `herald bench latency`.
@@ -39,13 +39,75 @@ pub struct LatencyArgs {
     target: Target,
 }
 
-#[derive(Deserialize)]
-struct Stamp {
-    /// Microseconds since the epoch, just before the emit.
-    t: u64,
+/// How a paced producer offers single emits (latency, long horizon).
+pub(super) struct Pace {
+    /// Seconds of offering.
+    pub(super) seconds: f64,
+    /// Emits in flight at most.
+    pub(super) in_flight: usize,
+    /// Tenants the events are spread over.
+    pub(super) tenants: u64,
 }
 
-fn now_micros() -> u64 {
+/// Offers single emits of [`Stamp`]s at `rate` for `pace.seconds` (the
+/// k-th due at k / rate, at most `pace.in_flight` at once; offering ends
+/// with its window, so a store that cannot take `rate` is offered less,
+/// not for longer). `next` numbers the events across calls. Returns the
+/// events offered and the seconds offering took.
+pub(super) async fn offer(
+    bench: &Bench,
+    pace: &Pace,
+    rate: f64,
+    next: &mut u64,
+) -> Result<(u64, f64), BenchError> {
+    let total = (rate * pace.seconds).round() as u64;
+    let bar = progress(total, "offering");
+    let gate = Arc::new(Semaphore::new(pace.in_flight.max(1)));
+    let start = Instant::now();
+    let window_end = start + Duration::from_secs_f64(pace.seconds);
+    let mut offered = 0u64;
+    let mut tasks = tokio::task::JoinSet::new();
+    for k in 0..total {
+        let due = start + Duration::from_secs_f64(k as f64 / rate);
+        tokio::time::sleep_until(due.into()).await;
+        let permit = gate.clone().acquire_owned().await.expect("open");
+        if Instant::now() > window_end {
+            break;
+        }
+        offered += 1;
+        let client = bench.client.clone();
+        let tenant = format!("tenant-{}", *next % pace.tenants.max(1));
+        let seq = *next;
+        *next += 1;
+        tasks.spawn(async move {
+            let payload = format!(r#"{{"t":{},"seq":{seq}}}"#, now_micros());
+            let r = client
+                .emit_json(&tenant, HANDLER, &payload, Default::default())
+                .await;
+            drop(permit);
+            r
+        });
+        while let Some(done) = tasks.try_join_next() {
+            done.expect("emit task")?;
+        }
+        bar.inc(1);
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("emit task")?;
+    }
+    bar.finish_and_clear();
+    Ok((offered, start.elapsed().as_secs_f64()))
+}
+
+/// What a paced event carries.
+#[derive(Deserialize)]
+pub(super) struct Stamp {
+    /// Microseconds since the epoch, just before the emit.
+    pub(super) t: u64,
+}
+
+/// Microseconds since the epoch.
+pub(super) fn now_micros() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_micros() as u64)
@@ -61,7 +123,7 @@ pub(super) async fn run(args: LatencyArgs) -> Result<Report, BenchError> {
             "--rate and --seconds must be positive".into(),
         ));
     }
-    let bench = Bench::open(&args.target).await?;
+    let bench = Bench::open(&args.target, Fresh::Empty).await?;
     let samples: Arc<Mutex<Vec<f64>>> = Arc::default();
     let record = samples.clone();
     let worker = bench.worker(move |s: Stamp, _| {
@@ -74,48 +136,15 @@ pub(super) async fn run(args: LatencyArgs) -> Result<Report, BenchError> {
     let cpu = process_cpu();
     let mut points = Vec::new();
     let mut next = 0u64;
+    let pace = Pace {
+        seconds: args.seconds,
+        in_flight: args.in_flight,
+        tenants: args.tenants,
+    };
     for &rate in &args.rate {
         samples.lock().expect("samples").clear();
         bench.hook.call("run-start").await?;
-        let total = (rate * args.seconds).round() as u64;
-        let bar = progress(total, "offering");
-        let gate = Arc::new(Semaphore::new(args.in_flight.max(1)));
-        let start = Instant::now();
-        // Offering ends with its window: a store that cannot take `rate`
-        // is offered less (the achieved rate says how much), not for longer.
-        let window_end = start + Duration::from_secs_f64(args.seconds);
-        let mut offered = 0u64;
-        let mut tasks = tokio::task::JoinSet::new();
-        for k in 0..total {
-            // The k-th emit is due at k / rate.
-            let due = start + Duration::from_secs_f64(k as f64 / rate);
-            tokio::time::sleep_until(due.into()).await;
-            let permit = gate.clone().acquire_owned().await.expect("open");
-            if Instant::now() > window_end {
-                break;
-            }
-            offered += 1;
-            let client = bench.client.clone();
-            let tenant = format!("tenant-{}", next % args.tenants.max(1));
-            next += 1;
-            tasks.spawn(async move {
-                let payload = format!(r#"{{"t":{}}}"#, now_micros());
-                let r = client
-                    .emit_json(&tenant, HANDLER, &payload, Default::default())
-                    .await;
-                drop(permit);
-                r
-            });
-            while let Some(done) = tasks.try_join_next() {
-                done.expect("emit task")?;
-            }
-            bar.inc(1);
-        }
-        while let Some(done) = tasks.join_next().await {
-            done.expect("emit task")?;
-        }
-        let offering = start.elapsed().as_secs_f64();
-        bar.finish_and_clear();
+        let (offered, offering) = offer(&bench, &pace, rate, &mut next).await?;
         let settle = Instant::now();
         while (samples.lock().expect("samples").len() as u64) < offered && settle.elapsed() < SETTLE
         {

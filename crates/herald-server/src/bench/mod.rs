@@ -2,7 +2,7 @@
 //! `herald serve` would use, with the worker settings of its `herald.toml`
 //! and `HERALD_…` variables: a no-op drain (with a backlog of delayed or
 //! paused events), emit-to-start latency at fixed rates, emit throughput,
-//! and an idle worker. A progress bar on stderr, the results as JSON (the
+//! an idle worker, a long horizon at one rate, and rescue after SIGKILL. A progress bar on stderr, the results as JSON (the
 //! last line on stdout, and `--out`), the latency curve as SVG (`--chart`).
 //!
 //! The benchmark owns what it runs on: a fresh SQLite file in a temporary
@@ -18,12 +18,14 @@ pub mod emit;
 mod hook;
 pub mod idle;
 pub mod latency;
+pub mod long_horizon;
 pub mod report;
+pub mod rescue;
 mod setup;
 
 use std::path::PathBuf;
 
-pub use report::{Percentiles, Point, Report};
+pub use report::{Percentiles, Point, Report, Window};
 
 /// Options of `herald bench`.
 #[derive(clap::Args)]
@@ -44,6 +46,12 @@ pub enum Scenario {
     Latency(latency::LatencyArgs),
     /// Emit throughput: single emits (32 at a time), then batches.
     Emit(emit::EmitArgs),
+    /// Offer single emits at one rate for many minutes to a handler that
+    /// works a millisecond: latency per window over time.
+    LongHorizon(long_horizon::LongHorizonArgs),
+    /// Rescue after SIGKILL: a victim process holds N events and is killed
+    /// (by the driver); a rescuer process runs them, timed from the kill.
+    Rescue(rescue::RescueArgs),
     /// Start a worker with nothing to do and leave it idle (for the queries
     /// an idle fleet sends, measured by the hook).
     Idle(idle::IdleArgs),
@@ -146,6 +154,8 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
         Scenario::Latency(a) => latency::run(a).await?,
         Scenario::Emit(a) => emit::run(a).await?,
         Scenario::Idle(a) => idle::run(a).await?,
+        Scenario::LongHorizon(a) => long_horizon::run(a).await?,
+        Scenario::Rescue(a) => rescue::run(a).await?,
         Scenario::Report(a) => return compare::run(a),
     };
     report.print()

@@ -16,7 +16,7 @@ pub struct Report {
     pub system: String,
     /// herald's version.
     pub version: String,
-    /// `drain`, `latency`, `emit` or `idle`.
+    /// `drain`, `latency`, `emit`, `idle`, `long-horizon` or `rescue`.
     pub scenario: String,
     /// `sqlite` or `postgres`.
     pub store: String,
@@ -61,6 +61,31 @@ pub struct Report {
     /// Latency: every rate (the first also at the top level).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub points: Vec<Point>,
+    /// Long horizon: what each handler worked, ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub work_ms: Option<f64>,
+    /// Long horizon: figures per window of handler starts.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub windows: Vec<Window>,
+    /// Rescue: `victim` or `rescuer`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    /// Rescue, victim: handlers running when it said so (it is killed then).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub running: Option<u64>,
+    /// Rescue, rescuer: seconds from the kill to the last job's run (none
+    /// when not every job ran within the timeout).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rescue_s: Option<f64>,
+    /// Rescue, rescuer: seconds from the kill to the first job's run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_s: Option<f64>,
+    /// Rescue, rescuer: whether it gave up before every job ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timed_out: Option<bool>,
+    /// Rescue, rescuer: how long it waited at most, seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<f64>,
     /// This process's CPU over the timed phase, ms.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub process_cpu_ms: Option<f64>,
@@ -83,6 +108,17 @@ pub struct Point {
     /// Events that ran.
     pub completed: u64,
     /// Emit-to-start, ms.
+    pub latency_ms: Percentiles,
+}
+
+/// Long horizon: one window of handler starts.
+#[derive(Clone, Debug, Serialize)]
+pub struct Window {
+    /// The window's end, seconds since offering began.
+    pub t_s: f64,
+    /// Handlers that started in the window.
+    pub completed: u64,
+    /// Their emit-to-start, ms.
     pub latency_ms: Percentiles,
 }
 

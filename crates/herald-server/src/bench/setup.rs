@@ -20,6 +20,16 @@ const NATS_STREAM: &str = "herald_bench";
 /// The no-op handler every scenario runs.
 pub(super) const HANDLER: &str = "noop";
 
+/// Whether a run starts from nothing or joins what another process of the
+/// same run left (the rescuer of `herald bench rescue`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Fresh {
+    /// Drop the scratch schema and purge the NATS stream first.
+    Empty,
+    /// Keep both: the events and notifications are the run's subject.
+    Keep,
+}
+
 /// A store and queue that belong to one benchmark run.
 pub(super) struct Bench {
     pub(super) store: Arc<dyn Store>,
@@ -33,8 +43,9 @@ pub(super) struct Bench {
 }
 
 impl Bench {
-    /// Opens a fresh store and an empty queue for `target`.
-    pub(super) async fn open(target: &Target) -> Result<Bench, BenchError> {
+    /// Opens the store and queue for `target`: fresh and empty, or as
+    /// another process of the run left them.
+    pub(super) async fn open(target: &Target, fresh: Fresh) -> Result<Bench, BenchError> {
         let postgres =
             target.store.starts_with("postgres://") || target.store.starts_with("postgresql://");
         let mut dir = None;
@@ -78,12 +89,16 @@ impl Bench {
             c.consumer = format!("{NATS_STREAM}_workers");
         }
         if let StoreLocation::Postgres(url) = &config.store {
-            drop_schema(url, &target.schema).await?;
+            if fresh == Fresh::Empty {
+                drop_schema(url, &target.schema).await?;
+            }
             herald_postgres::migrate(url, &target.schema).await?;
         }
         let store = open_store(&config).await?;
-        // Before the run's own connection pulls anything.
-        purge_nats(&config).await?;
+        if fresh == Fresh::Empty {
+            // Before the run's own connection pulls anything.
+            purge_nats(&config).await?;
+        }
         let queue = connect_queue(&config).await.map_err(|e| match e {
             crate::serve::ServeError::Queue { location, error } => {
                 BenchError::Queue { location, error }

@@ -161,8 +161,8 @@ pub struct ServeConfig {
     pub max_request_bytes: usize,
     /// Most events in one batch request.
     pub max_batch: usize,
-    /// How long an emit's notifications wait for other emits' to be
-    /// published with them ([`herald::Client::notify_linger`]).
+    /// How long an emit's notifications wait at most for a publish in
+    /// flight, to be published with other emits' ([`herald::Client::notify_linger`]).
     pub notify_linger: Duration,
     /// How many store writes of emits run at once; emits that arrive
     /// while all are busy are written together ([`herald::Client::group_commit`];

@@ -1,0 +1,185 @@
+//! Rescue after SIGKILL, in two processes: a victim that stores N events
+//! and holds them in handlers that never return until it is killed, and a
+//! rescuer on the same store and queue that runs them, timed from the
+//! kill. The driver (`bench/compare.sh`) kills the victim between the two.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use herald::{EmitOptions, EmitRequest};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::latency::now_micros;
+use super::setup::{Bench, Fresh, HANDLER};
+use super::{BenchError, Report, Target};
+
+/// Options of `herald bench rescue`.
+#[derive(clap::Args, Debug)]
+pub struct RescueArgs {
+    /// `victim`: store the events, hold them, say so, wait to be killed;
+    /// `rescuer`: run them on the victim's store and queue.
+    #[arg(long, value_parser = ["victim", "rescuer"])]
+    role: String,
+    /// Events the victim stores (and the rescuer waits for).
+    #[arg(long, default_value_t = 2000)]
+    events: u64,
+    /// Rescuer: when the victim was killed, ms since the epoch.
+    #[arg(long, value_name = "EPOCH_MS")]
+    killed_at: Option<u64>,
+    /// Rescuer: give up (and say so in the result) after this many seconds.
+    #[arg(long, default_value_t = 120.0)]
+    timeout: f64,
+    #[command(flatten)]
+    target: Target,
+}
+
+/// What a rescue event carries.
+#[derive(Deserialize)]
+struct Seq {
+    seq: u64,
+}
+
+/// How long a victim's count of started handlers must stay still before
+/// it says it is holding them.
+const STILL: Duration = Duration::from_secs(1);
+/// A victim not killed by then gives up.
+const VICTIM_LIMIT: Duration = Duration::from_secs(600);
+
+pub(super) async fn run(args: RescueArgs) -> Result<Report, BenchError> {
+    if !args.target.store.starts_with("postgres") {
+        return Err(BenchError::Usage(
+            "rescue needs a store two processes share: give a postgres:// --store".into(),
+        ));
+    }
+    match args.role.as_str() {
+        "victim" => victim(&args).await,
+        _ => rescuer(&args).await,
+    }
+}
+
+async fn victim(args: &RescueArgs) -> Result<Report, BenchError> {
+    let bench = Bench::open(&args.target, Fresh::Empty).await?;
+    let batch = (0..args.events)
+        .map(|seq| EmitRequest {
+            tenant: format!("tenant-{}", seq % 16),
+            handler: HANDLER.into(),
+            payload: format!(r#"{{"seq":{seq}}}"#),
+            options: EmitOptions::default(),
+        })
+        .collect::<Vec<_>>();
+    for chunk in batch.chunks(5000) {
+        bench.client.emit_batch(chunk.to_vec()).await?;
+    }
+    let started = Arc::new(AtomicU64::new(0));
+    let count = started.clone();
+    let worker = bench.worker(move |_: Seq, _| {
+        count.fetch_add(1, Ordering::SeqCst);
+        std::future::pending::<()>()
+    });
+    let t = Instant::now();
+    let (mut last, mut still_since) = (0, Instant::now());
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = started.load(Ordering::SeqCst);
+        if now != last {
+            (last, still_since) = (now, Instant::now());
+        }
+        if now == args.events || (now > 0 && still_since.elapsed() >= STILL) {
+            break;
+        }
+        if t.elapsed() > VICTIM_LIMIT {
+            return Err(BenchError::Failed(format!(
+                "the victim's handlers did not start in {} s",
+                VICTIM_LIMIT.as_secs()
+            )));
+        }
+    }
+    bench.hook.call("victim-running").await?;
+    let mut report = bench.report("rescue");
+    report.role = Some("victim".into());
+    report.events = Some(args.events);
+    report.running = Some(last);
+    report.print()?;
+    eprintln!(
+        "victim: {last} handlers running, {} events held; waiting to be killed",
+        args.events
+    );
+    tokio::time::sleep(VICTIM_LIMIT).await;
+    drop(worker);
+    Err(BenchError::Failed(format!(
+        "the victim was not killed in {} s",
+        VICTIM_LIMIT.as_secs()
+    )))
+}
+
+async fn rescuer(args: &RescueArgs) -> Result<Report, BenchError> {
+    let Some(killed_at) = args.killed_at else {
+        return Err(BenchError::Usage(
+            "--role rescuer needs --killed-at (ms since the epoch)".into(),
+        ));
+    };
+    let bench = Bench::open(&args.target, Fresh::Keep).await?;
+    bench.hook.call("rescue-start").await?;
+    // Distinct events run, and the first and last such run (µs since the
+    // epoch): an event run twice counts once.
+    let ran: Arc<Mutex<(HashSet<u64>, u64, u64)>> = Arc::default();
+    let record = ran.clone();
+    let worker = bench.worker(move |s: Seq, _| {
+        let now = now_micros();
+        let mut r = record.lock().expect("ran");
+        if r.0.insert(s.seq) {
+            if r.1 == 0 {
+                r.1 = now;
+            }
+            r.2 = now;
+        }
+        async {}
+    });
+    let t = Instant::now();
+    let timeout = Duration::from_secs_f64(args.timeout.max(0.0));
+    while (ran.lock().expect("ran").0.len() as u64) < args.events && t.elapsed() < timeout {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    bench.hook.call("rescue-end").await?;
+    worker.shutdown(Duration::from_secs(5)).await;
+    let (seen, first, last) = std::mem::take(&mut *ran.lock().expect("ran"));
+    let completed = seen.len() as u64;
+    let since_kill = |us: u64| (us as f64 / 1000.0 - killed_at as f64) / 1000.0;
+    let timed_out = completed < args.events;
+    eprintln!(
+        "rescuer: {completed} of {} ran; first {:.2} s, last {:.2} s after the kill{}",
+        args.events,
+        since_kill(first),
+        since_kill(last),
+        if timed_out { " (timed out)" } else { "" }
+    );
+    let mut report = bench.report("rescue");
+    report.role = Some("rescuer".into());
+    report.events = Some(args.events);
+    report.completed = Some(completed);
+    report.first_s = (first > 0).then(|| since_kill(first));
+    report.rescue_s = (!timed_out).then(|| since_kill(last));
+    report.timed_out = Some(timed_out);
+    report.timeout_s = Some(args.timeout);
+    let w = &bench.config.worker;
+    report.knobs.insert(
+        "rescue_after_s".into(),
+        json!((w.lease + w.sweep_every).as_secs_f64()),
+    );
+    report.knobs.insert(
+        "rescue_setting".into(),
+        json!(format!(
+            "worker.lease {} s, then the reconciler's next sweep (worker.sweep_every {} s); \
+             an event the victim had not claimed, whose notification died with its \
+             in-process queue, after worker.sweep_quiet {} s",
+            w.lease.as_secs_f64(),
+            w.sweep_every.as_secs_f64(),
+            w.sweep_quiet.as_secs_f64()
+        )),
+    );
+    bench.close().await?;
+    Ok(report)
+}
