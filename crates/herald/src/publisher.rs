@@ -165,11 +165,20 @@ mod tests {
 
     /// A memory queue whose first publish waits until `open` is called: a
     /// publish in flight, for as long as a test wants.
-    #[derive(Default)]
     struct Gated {
         inner: MemoryQueue,
         gate: Semaphore,
         publishes: AtomicUsize,
+    }
+
+    impl Default for Gated {
+        fn default() -> Self {
+            Gated {
+                inner: MemoryQueue::default(),
+                gate: Semaphore::new(0),
+                publishes: AtomicUsize::new(0),
+            }
+        }
     }
 
     impl Gated {
