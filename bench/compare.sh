@@ -30,6 +30,8 @@
 #   second process runs them, for at most RESCUE_TIMEOUT s).
 # HERALD_WORKER_CONCURRENCY (512) and HERALD_WORKER_CLAIM_AHEAD (4096): herald's
 #   throughput sizing; any other HERALD_ variable applies too.
+# FULL_SYSTEMS and OTHER_CASES: to shorten a sitting, the systems not in
+#   FULL_SYSTEMS (default: all) run OTHER_CASES instead of CASES.
 # OUT (default bench-results/compare-DATE), PORT (54331), PG_CPU,
 # PEERS_TARGET (the peers' cargo target directory, default target/peers),
 # BUILD=0 (use the binaries already built).
@@ -120,6 +122,7 @@ psql -qX "$ADMIN_URL" -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"
   echo "node: $(node --version 2>/dev/null || echo none)"
   echo "nats: $(nats-server --version 2>/dev/null || echo none)"
   echo "settings: events=$EVENTS backlog_events=$BACKLOG_EVENTS backlog=$BACKLOG rates=\"$RATES\" latency_seconds=$LATENCY_SECONDS idle_seconds=$IDLE_SECONDS"
+  echo "cases: $CASES; systems running other cases: ${FULL_SYSTEMS:+all but $FULL_SYSTEMS run $OTHER_CASES}"
   echo "long horizon: rate=$LH_RATE seconds=$LH_SECONDS work_ms=$LH_WORK_MS sample=$LH_SAMPLE; rescue: events=$RESCUE_EVENTS timeout=$RESCUE_TIMEOUT"
 } >"$OUT/machine.txt"
 # What the cluster costs with no client at all (checkpointer, WAL writer,
@@ -267,7 +270,11 @@ rescue() {
 }
 
 for system in $SYSTEMS; do
-  for case in $CASES; do
+  cases=$CASES
+  # A shortened sitting may run fewer cases for some systems (each run's
+  # directory says what ran; the report leaves the others' cells empty).
+  case " ${FULL_SYSTEMS:-$SYSTEMS} " in *" $system "*) ;; *) cases=${OTHER_CASES:-$CASES} ;; esac
+  for case in $cases; do
     case $case in
       clean|hold-tx) run "$system" "$case" drain --events "$EVENTS" ;;
       delayed|stale|mid-analyze) run "$system" "$case" drain --events "$BACKLOG_EVENTS" --backlog "$BACKLOG" ;;

@@ -42,10 +42,13 @@ enum Command {
     /// Show event counts, what holds each handler, and recent throughput.
     Stats(cli::stats::StatsArgs),
     /// The run watchdog that `herald serve` starts for itself (internal):
-    /// kills the process groups named on stdin (`+PGID` / `-PGID` lines)
-    /// when stdin closes.
+    /// kills the process groups named on its command line and on stdin
+    /// (`+PGID` / `-PGID` lines) when stdin closes.
     #[command(name = "watch-runs", hide = true)]
-    WatchRuns,
+    WatchRuns {
+        /// The groups live when it was started (`+PGID`).
+        groups: Vec<String>,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -54,7 +57,7 @@ fn main() -> std::process::ExitCode {
     let default_level = match cli.command {
         Command::Demo(_) => "error",
         Command::Migrate(_) => "warn",
-        Command::Serve(_) | Command::WatchRuns => "info",
+        Command::Serve(_) | Command::WatchRuns { .. } => "info",
         _ => "warn",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("HERALD_LOG")
@@ -71,9 +74,9 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    if let Command::WatchRuns = cli.command {
+    if let Command::WatchRuns { groups } = &cli.command {
         // Single-threaded, before any runtime: it blocks signals for itself.
-        return handlers::watchdog::watch_runs();
+        return handlers::watchdog::watch_runs(groups);
     }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
@@ -98,7 +101,7 @@ fn main() -> std::process::ExitCode {
             Command::Block(args) => exit(rule(Kind::Block, true, args).await),
             Command::Unblock(args) => exit(rule(Kind::Block, false, args).await),
             Command::Stats(args) => exit(cli::stats::run(args).await),
-            Command::WatchRuns => unreachable!("run before the runtime"),
+            Command::WatchRuns { .. } => unreachable!("run before the runtime"),
         }
     });
     match result {

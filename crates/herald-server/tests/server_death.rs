@@ -273,6 +273,31 @@ async fn a_killed_watchdog_is_replaced_and_still_covers_the_runs_in_flight() {
     assert_all_dead(&[second], "the second watchdog").await;
 }
 
+/// A watchdog started with the live groups on its command line kills them
+/// even when its server dies before writing a line (a replacement's
+/// groups are known from its exec on).
+#[test]
+fn the_watchdog_kills_the_groups_named_on_its_command_line() {
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let mut group = Command::new("sleep")
+        .arg("60")
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let status = common::herald(dir.path())
+        .args(["watch-runs", &format!("+{}", group.id())])
+        .stdin(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "{status}");
+    let status = group.wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9)
+    );
+}
+
 /// `herald watch-runs` by itself: it kills the groups it was told about
 /// (and not those it was told are gone) when its stdin closes, and
 /// SIGTERM/SIGINT/SIGHUP don't stop it before that.

@@ -13,7 +13,9 @@
 //!
 //! If the watchdog dies while the server lives, the server notices (the
 //! watchdog's stdout, which only it holds, reaches EOF; or a write fails),
-//! logs a warning and starts another one with the live set. A server and
+//! logs a warning and starts another one with the live set on its command
+//! line (`watch-runs +PGID…`: known from its exec on, so a server killed
+//! an instant later still leaves a watchdog that kills them). A server and
 //! watchdog killed together leave their runs behind: the next server finds
 //! and kills them at start ([`super::leftovers`]).
 //!
@@ -95,13 +97,17 @@ impl Change {
 /// ```
 pub fn run_if_asked() -> Option<ExitCode> {
     let asked = std::env::args_os().nth(1).is_some_and(|a| a == SUBCOMMAND);
-    asked.then(watch_runs)
+    asked.then(|| {
+        let groups: Vec<String> = std::env::args().skip(2).collect();
+        watch_runs(&groups)
+    })
 }
 
-/// `herald watch-runs`: reads `+PGID`/`-PGID` lines from stdin until EOF,
-/// then kills every group still live. Call before any other thread exists:
+/// `herald watch-runs [+PGID…]`: takes the groups named on its command
+/// line, reads `+PGID`/`-PGID` lines from stdin until EOF, then kills
+/// every group still live. Call before any other thread exists:
 /// the signal mask set here is the calling thread's.
-pub fn watch_runs() -> ExitCode {
+pub fn watch_runs(groups: &[String]) -> ExitCode {
     // Blocked, these signals stay pending and never act: the watchdog must
     // outlive the server, which a service manager may signal together
     // with it. SIGKILL still ends it (and the next server cleans up).
@@ -113,6 +119,13 @@ pub fn watch_runs() -> ExitCode {
         tracing::warn!("run watchdog: cannot block SIGINT/SIGTERM/SIGHUP: {e}");
     }
     let mut live = BTreeSet::new();
+    // The groups live when this watchdog was started, then the changes.
+    for arg in groups {
+        match Change::parse(arg) {
+            Some(change) => change.apply(&mut live),
+            None => tracing::warn!("run watchdog: ignoring the argument {arg:?}"),
+        }
+    }
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };
         match Change::parse(&line) {
@@ -220,11 +233,19 @@ impl Watchdog {
         feedback: Sender<Message>,
     ) -> std::io::Result<Watchdog> {
         let exe = std::env::current_exe()?;
+        // The groups already live go on the command line, not down the
+        // pipe: a server killed right after the exec, before it could
+        // write, must still leave a watchdog that knows them.
+        let known: Vec<String> = live
+            .iter()
+            .map(|&pgid| Change::Started(pgid).line().trim_end().to_string())
+            .collect();
         // /proc/self/exe is this very binary even when a deploy has
         // replaced the file at `exe` (then `exe` ends in " (deleted)").
         let mut child = Command::new("/proc/self/exe")
             .arg0(&exe)
             .arg(SUBCOMMAND)
+            .args(&known)
             .process_group(0)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -232,12 +253,13 @@ impl Watchdog {
             .or_else(|_| {
                 Command::new(&exe)
                     .arg(SUBCOMMAND)
+                    .args(&known)
                     .process_group(0)
                     .stdin(Stdio::piped())
                     .stdout(Stdio::piped())
                     .spawn()
             })?;
-        let mut stdin = child.stdin.take().expect("piped");
+        let stdin = child.stdin.take().expect("piped");
         let mut stdout = child.stdout.take().expect("piped");
         std::thread::Builder::new()
             .name("herald-run-watch-eof".into())
@@ -247,13 +269,6 @@ impl Watchdog {
                 while matches!(stdout.read(&mut sink), Ok(n) if n > 0) {}
                 let _ = feedback.send(Message::Gone(generation));
             })?;
-        let mut lines = String::new();
-        for &pgid in live {
-            lines.push_str(&Change::Started(pgid).line());
-        }
-        if !lines.is_empty() {
-            stdin.write_all(lines.as_bytes())?;
-        }
         Ok(Watchdog {
             child,
             stdin,
