@@ -10,7 +10,7 @@ import { Worker, isMainThread, parentPort, workerData } from "node:worker_thread
 import { Logger, makeWorkerUtils, run } from "graphile-worker";
 import pg from "pg";
 
-import { epochMicros, runPeer } from "../contract/contract.mjs";
+import { runPeer, threadTally } from "../contract/contract.mjs";
 
 const require = createRequire(import.meta.url);
 const SYSTEM = "graphile-worker-js";
@@ -27,6 +27,12 @@ const KNOBS = {
   producer_pool_max: 32, // pg pool behind WorkerUtils (inserts), = max in flight
   bulk_insert: "WorkerUtils.addJobs",
   latency_insert: "WorkerUtils.addJob",
+  // Not set: a dead worker's jobs stay locked until a live runner's
+  // resetLockedAt (0.17.3 dist/sql/resetLockedAt.js, run every
+  // minResetLockedInterval..maxResetLockedInterval, 8-10 min) unlocks those
+  // locked more than 4 hours ago (hard-coded).
+  rescue_after_s: 4 * 3600,
+  rescue_setting: "graphile-worker resetLockedAt: locked_at older than 4 hours (fixed), checked every 8-10 min (minResetLockedInterval/maxResetLockedInterval defaults)",
 };
 /** How often a worker thread reports its runs to the main thread. */
 const REPORT_EVERY_MS = 2;
@@ -39,23 +45,19 @@ const logger = new Logger((scope) => (level, message) => {
   console.error(`[${SYSTEM}] ${level}${scope.label ? ` ${scope.label}` : ""}: ${message}`);
 });
 
-/** One worker thread: a graphile-worker runner whose task counts each job
- * and samples its latency, reported to the main thread in small batches. */
-async function workerThread({ url }) {
-  let ran = 0;
-  let samples = [];
+/** One worker thread: a graphile-worker runner whose task reports each job
+ * (the contract's threadTally), posted to the main thread in small batches. */
+async function workerThread({ url, tally: spec }) {
+  const tally = threadTally(spec);
   const taskList = {
     [TASK]: async (payload) => {
-      const tUs = payload?.t_us ?? 0;
-      if (tUs > 0) samples.push(epochMicros() - tUs);
-      ran++;
+      tally.ran(payload?.seq ?? 0, payload?.t_us ?? 0);
+      await tally.work();
     },
   };
   const flush = () => {
-    if (ran === 0) return;
-    parentPort.postMessage({ ran, samples });
-    ran = 0;
-    samples = [];
+    const ran = tally.take();
+    if (ran) parentPort.postMessage({ ran });
   };
   const timer = setInterval(flush, REPORT_EVERY_MS);
   const runner = await run({
@@ -103,10 +105,10 @@ async function install(url, tally) {
     },
     async start() {
       threads = Array.from({ length: KNOBS.worker_threads }, () => {
-        const thread = new Worker(new URL(import.meta.url), { workerData: { url } });
+        const thread = new Worker(new URL(import.meta.url), { workerData: { url, tally: tally.spec() } });
         const started = new Promise((resolve) => {
           thread.on("message", (msg) => {
-            if (msg.ran) tally.add(msg.ran, msg.samples);
+            if (msg.ran) tally.add(msg.ran);
             else if (msg.fatal) tally.fail(msg.fatal);
             else if (msg.started) resolve();
             else if (msg.stopped) thread.emit("stopped");

@@ -19,6 +19,12 @@ const KNOBS = {
   producer_pool_max: 32, // pg pool behind send()/insert() ({ db }), = max in flight
   bulk_insert: "boss.insert",
   latency_insert: "boss.send",
+  // Not set: pg-boss's defaults (10.4.2 src/plans.js, src/attorney.js). An
+  // active job older than its expire_in (default 15 min) is failed by the
+  // maintenance (every maintenanceIntervalSeconds, default 120 s) and, with
+  // retries left (retryLimit default 2), retried at once (retryDelay 0).
+  rescue_after_s: 900,
+  rescue_setting: "pg-boss expireInSeconds default 900, expired by maintenance every maintenanceIntervalSeconds (default 120), then retried (retryLimit default 2)",
 };
 
 async function install(url, tally) {
@@ -32,9 +38,11 @@ async function install(url, tally) {
   producerPool.on("error", (e) => tally.fail(`producer pool: ${e.message}`));
   producerPool.on("connect", (client) => client.on("error", (e) => tally.fail(`producer connection: ${e.message}`)));
   const db = { executeSql: (text, values) => producerPool.query(text, values) };
-  // One call per fetched batch.
+  // One call per fetched batch: each job is reported, then the batch's jobs
+  // work together (one tally.work(): the same time as each working at once).
   const handler = async (jobs) => {
-    for (const job of jobs) tally.ran(job.data?.t_us ?? 0);
+    for (const job of jobs) tally.ran(job.data?.seq ?? 0, job.data?.t_us ?? 0);
+    await tally.work();
   };
   return {
     async store(from, to, due) {

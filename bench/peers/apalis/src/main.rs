@@ -22,6 +22,13 @@ const BATCH_SIZE: usize = 100;
 const LOCK_TASKS: bool = false;
 /// `Config::persist_results`: must stay true, it is the completion write.
 const PERSIST_RESULTS: bool = true;
+/// `Config::heartbeat_interval` and `Config::missed_heartbeats`, at
+/// `Config::default()`'s 30 s and 10 (apalis-postgres 1.0.0 `src/config.rs`;
+/// its doc comment says 2, which is only the serde default). They decide the
+/// rescue: `Config::orphaned_duration()` = interval × missed = 300 s after a
+/// worker's last heartbeat, its `Running`/`Queued` tasks go back to
+/// `Pending` (`reenqueue_orphaned`, run by every live worker at its
+/// registration and at each of its heartbeats).
 const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
 const MISSED_HEARTBEATS: usize = 10;
 /// Fallback poll beside LISTEN/NOTIFY (`with_pubsub`).
@@ -44,10 +51,11 @@ struct BenchJob {
 #[derive(Clone, Debug)]
 struct State(Arc<Tally>);
 
-/// The no-op handler: reports the run, returns.
+/// The handler: reports the run, does the contract's work, returns.
 async fn bench_noop(job: BenchJob, state: Data<State>) -> Result<(), BoxDynError> {
     let State(tally) = &*state;
-    tally.ran(job.t_us);
+    tally.ran(job.seq, job.t_us);
+    tally.work().await;
     Ok(())
 }
 
@@ -103,6 +111,8 @@ impl Peer for Apalis {
             "pool_max_connections": POOL_MAX_CONNECTIONS,
             "bulk_insert": "TaskSink::push_all",
             "latency_insert": "TaskSink::push",
+            "rescue_after_s": (HEARTBEAT_INTERVAL * MISSED_HEARTBEATS as u32).as_secs(),
+            "rescue_setting": "apalis-postgres Config::orphaned_duration = heartbeat_interval 30 s x missed_heartbeats 10 (defaults), re-enqueued at a live worker's next heartbeat (every 30 s)",
         })
     }
 

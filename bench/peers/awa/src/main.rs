@@ -49,6 +49,14 @@ const COMPLETION_FLUSH_MS: u64 = 1;
 const COMPLETION_SHARDS: usize = 4;
 /// Hard cap on claimers per queue, read by awa-worker from the environment.
 const MAX_CLAIMERS_PER_QUEUE: u16 = 4;
+/// Not set, awa's defaults (awa-worker 0.6.9 `src/maintenance.rs`,
+/// `MaintenanceService::new`): the maintenance leader rescues a running job
+/// whose heartbeat is older than `heartbeat_staleness` (90 s), sweeping every
+/// `heartbeat_rescue_interval` (30 s); workers heartbeat every 30 s
+/// (`ClientBuilder::heartbeat_interval`), and a new leader is elected within
+/// `leader_election_interval` (10 s) of the dead one's session ending.
+const RESCUE_AFTER: Duration = Duration::from_secs(90);
+const RESCUE_SETTING: &str = "awa heartbeat_staleness default 90 s, swept every heartbeat_rescue_interval (default 30 s) by the maintenance leader (leader_election_interval default 10 s)";
 
 fn queue_storage_config() -> QueueStorageConfig {
     QueueStorageConfig {
@@ -79,13 +87,12 @@ impl Worker for NoopWorker {
     }
 
     async fn perform(&self, ctx: &JobContext) -> Result<JobResult, JobError> {
+        let args = &ctx.job.args;
         self.tally.ran(
-            ctx.job
-                .args
-                .get("t_us")
-                .and_then(|v| v.as_i64())
-                .unwrap_or(0),
+            args.get("seq").and_then(|v| v.as_u64()).unwrap_or(0),
+            args.get("t_us").and_then(|v| v.as_i64()).unwrap_or(0),
         );
+        self.tally.work().await;
         Ok(JobResult::Completed)
     }
 }
@@ -189,6 +196,8 @@ impl Peer for Awa {
             "max_claimers_per_queue": MAX_CLAIMERS_PER_QUEUE,
             "bulk_insert": "QueueStorage::enqueue_params_copy",
             "latency_insert": "awa::insert_with",
+            "rescue_after_s": RESCUE_AFTER.as_secs(),
+            "rescue_setting": RESCUE_SETTING,
         })
     }
 

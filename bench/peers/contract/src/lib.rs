@@ -2,9 +2,13 @@
 //!
 //! A peer implements [`Peer`] (how its system installs its schema, stores a
 //! batch of jobs, starts and stops its workers and inserts one job) and calls
-//! [`main`]; the flags, the three scenarios, the hooks, the paced producer,
-//! the percentiles and the result line are here, once, so every Rust peer is
-//! measured the same way.
+//! [`main`]; the flags, the scenarios (drain, latency, idle, long-horizon,
+//! rescue), the hooks, the paced producer, the percentiles and the result
+//! line are here, once, so every Rust peer is measured the same way.
+//!
+//! A handler calls [`Tally::ran`] first thing with the job's `seq` and
+//! `t_us`, then awaits [`Tally::work`] (the long horizon's `--work-ms`, the
+//! rescue victim's never-ending work, nothing otherwise) and returns.
 
 mod hook;
 mod scenario;
@@ -17,8 +21,8 @@ pub use serde_json::{json, Value};
 pub use tally::{epoch_micros, Tally};
 
 /// One job as every peer stores it: its sequence number and, in the latency
-/// scenario, the epoch microseconds taken just before its insert call (0
-/// otherwise). The handler passes `t_us` to [`Tally::ran`].
+/// and long-horizon scenarios, the epoch microseconds taken just before its
+/// insert call (0 otherwise). The handler passes both to [`Tally::ran`].
 #[derive(Clone, Copy, Debug)]
 pub struct Job {
     /// Position in the run, from 0.
@@ -38,18 +42,25 @@ pub enum Due {
 
 /// One other queue, as the scenarios drive it. Each method is called once
 /// per run, in the order given, except [`Peer::insert`], which the latency
-/// scenario calls concurrently (at most 32 in flight).
+/// and long-horizon scenarios call concurrently (at most 32 in flight).
 pub trait Peer: Sized {
     /// The system's name in the results ("awa").
     const SYSTEM: &'static str;
     /// The system's version, as its own package names it.
     const VERSION: &'static str;
 
-    /// Connects to the peer's fresh database and installs the system's
-    /// schema (its own migrations). Handlers report each run to `tally`.
+    /// Connects to the peer's database and installs the system's schema
+    /// (its own migrations). The database is fresh, except for the rescue's
+    /// rescuer, which finds the victim's schema and jobs there: the install
+    /// must then leave them be (`IF NOT EXISTS`, or whatever the system's
+    /// own migrations do when run twice). Handlers report each run to
+    /// `tally`.
     fn install(url: &str, tally: std::sync::Arc<Tally>) -> impl Future<Output = Result<Self>>;
 
-    /// Every knob the peer sets, written into the result.
+    /// Every knob the peer sets, written into the result, with
+    /// `rescue_after_s` (after how long the system, at its default, gives a
+    /// dead worker's job to another worker; null when it never does) and
+    /// `rescue_setting` (which setting decides it).
     fn knobs(&self) -> Value;
 
     /// Stores `jobs` (untimed) with the system's own bulk insert where it

@@ -29,6 +29,13 @@ const LOCAL_QUEUE_REFETCH_DELAY: Duration = Duration::from_millis(10);
 const LOCAL_QUEUE_TTL: Duration = Duration::from_secs(60);
 const LOCAL_QUEUE_COUNT: usize = 1;
 const MAX_PG_CONN: u32 = 100;
+/// Rescue, left at the crate's default: off. `WorkerRecoveryConfig`
+/// (graphile_worker_recovery 0.1.6 `src/config.rs`) defaults to
+/// `enabled: false` ("Recovery is opt-in", docs/src/guides/recovery.md);
+/// jobs are claimed only while `is_available` (`locked_at IS NULL`), and
+/// unlike graphile-worker in Node the crate runs no periodic 4-hour
+/// `resetLockedAt`, so a dead worker's jobs stay locked.
+const RESCUE_SETTING: &str = "none by default: graphile_worker WorkerRecoveryConfig enabled=false (opt-in heartbeat sweep); no 4-hour stale-lock reset in the crate";
 
 /// The no-op job. `t_us` is the epoch time in microseconds taken just before
 /// the insert call (latency), 0 otherwise.
@@ -47,7 +54,8 @@ impl TaskHandler for BenchJob {
 
     async fn run(self, ctx: WorkerContext) -> impl IntoTaskHandlerResult {
         if let Some(state) = ctx.get_ext::<State>() {
-            state.0.ran(self.t_us);
+            state.0.ran(self.seq, self.t_us);
+            state.0.work().await;
         }
         Ok::<(), String>(())
     }
@@ -122,6 +130,8 @@ impl Peer for GraphileWorker {
             "max_pg_conn": MAX_PG_CONN,
             "bulk_insert": "WorkerUtils::add_jobs",
             "latency_insert": "WorkerUtils::add_job",
+            "rescue_after_s": null,
+            "rescue_setting": RESCUE_SETTING,
         })
     }
 

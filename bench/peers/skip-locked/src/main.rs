@@ -5,6 +5,7 @@
 //! RETURNING`), run the no-op handler on each and are done: the claim is the
 //! completion, there is no lease, heartbeat or retry. A loop whose claim
 //! returns nothing sleeps the poll interval (polling only, no LISTEN/NOTIFY).
+//! A job whose process dies is gone with it: nothing rescues it.
 //! The contract (flags, scenarios, hooks) is `peer-contract`'s.
 
 use std::ops::Range;
@@ -29,12 +30,12 @@ const POLL_INTERVAL: Duration = Duration::from_millis(50);
 const PRODUCER_POOL_SIZE: u32 = 32;
 
 const SCHEMA: &str = r#"
-CREATE TABLE jobs (
+CREATE TABLE IF NOT EXISTS jobs (
     id bigserial PRIMARY KEY,
     run_at timestamptz NOT NULL DEFAULT now(),
     payload jsonb NOT NULL
 );
-CREATE INDEX jobs_run_at_idx ON jobs (run_at);
+CREATE INDEX IF NOT EXISTS jobs_run_at_idx ON jobs (run_at);
 "#;
 
 const CLAIM: &str = r#"
@@ -98,6 +99,8 @@ impl Peer for SkipLocked {
             "wakeup": "poll",
             "producer_pool_size": PRODUCER_POOL_SIZE,
             "bulk_insert": "INSERT ... SELECT FROM unnest($1::jsonb[])",
+            "rescue_after_s": null,
+            "rescue_setting": "none: claim deletes the row",
         })
     }
 
@@ -131,7 +134,11 @@ impl Peer for SkipLocked {
                         tokio::time::sleep(POLL_INTERVAL).await;
                     }
                     for (payload,) in &rows {
-                        tally.ran(payload["t_us"].as_i64().unwrap_or(0));
+                        tally.ran(
+                            payload["seq"].as_u64().unwrap_or(0),
+                            payload["t_us"].as_i64().unwrap_or(0),
+                        );
+                        tally.work().await;
                     }
                 }
                 Ok(())
