@@ -54,21 +54,7 @@ pub(super) async fn run(args: DrainArgs) -> Result<Report, BenchError> {
         park_backlog(&bench, args.backlog).await?;
         bench.hook.call("backlog-parked").await?;
     }
-    let bar = progress(args.events, "storing");
-    for start in (0..args.events).step_by(CHUNK as usize) {
-        let n = CHUNK.min(args.events - start);
-        let batch = (start..start + n)
-            .map(|i| EmitRequest {
-                tenant: format!("tenant-{}", i % args.tenants.max(1)),
-                handler: HANDLER.into(),
-                payload: format!(r#"{{"i":{i}}}"#),
-                options: EmitOptions::default(),
-            })
-            .collect();
-        bench.client.emit_batch(batch).await?;
-        bar.inc(n);
-    }
-    bar.finish_and_clear();
+    store_runnable(&bench, args.events, args.tenants).await?;
     bench.hook.call("drain-start").await?;
 
     let cpu = process_cpu();
@@ -124,6 +110,31 @@ pub(super) async fn run(args: DrainArgs) -> Result<Report, BenchError> {
     }
     bench.close().await?;
     Ok(report)
+}
+
+/// Emits `events` runnable events `{"seq": N}` in batches, spread over
+/// `tenants`, with a progress bar (untimed preparation).
+pub(super) async fn store_runnable(
+    bench: &Bench,
+    events: u64,
+    tenants: u64,
+) -> Result<(), BenchError> {
+    let bar = progress(events, "storing");
+    for start in (0..events).step_by(CHUNK as usize) {
+        let n = CHUNK.min(events - start);
+        let batch = (start..start + n)
+            .map(|seq| EmitRequest {
+                tenant: format!("tenant-{}", seq % tenants.max(1)),
+                handler: HANDLER.into(),
+                payload: format!(r#"{{"seq":{seq}}}"#),
+                options: EmitOptions::default(),
+            })
+            .collect();
+        bench.client.emit_batch(batch).await?;
+        bar.inc(n);
+    }
+    bar.finish_and_clear();
+    Ok(())
 }
 
 /// Stores the backlog straight into the store (no notifications).

@@ -8,12 +8,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use herald::{EmitOptions, EmitRequest};
 use serde::Deserialize;
 use serde_json::json;
 
+use super::drain::store_runnable;
 use super::latency::now_micros;
-use super::setup::{Bench, Fresh, HANDLER};
+use super::setup::{Bench, Fresh};
 use super::{BenchError, Report, Target};
 
 /// Options of `herald bench rescue`.
@@ -62,17 +62,7 @@ pub(super) async fn run(args: RescueArgs) -> Result<Report, BenchError> {
 
 async fn victim(args: &RescueArgs) -> Result<Report, BenchError> {
     let bench = Bench::open(&args.target, Fresh::Empty).await?;
-    let batch = (0..args.events)
-        .map(|seq| EmitRequest {
-            tenant: format!("tenant-{}", seq % 16),
-            handler: HANDLER.into(),
-            payload: format!(r#"{{"seq":{seq}}}"#),
-            options: EmitOptions::default(),
-        })
-        .collect::<Vec<_>>();
-    for chunk in batch.chunks(5000) {
-        bench.client.emit_batch(chunk.to_vec()).await?;
-    }
+    store_runnable(&bench, args.events, 16).await?;
     let started = Arc::new(AtomicU64::new(0));
     let count = started.clone();
     let worker = bench.worker(move |_: Seq, _| {
