@@ -103,6 +103,7 @@ impl PgStore {
                         .map(|e| e.idempotency_key.as_deref())
                         .collect::<Vec<_>>(),
                 )
+                .bind(batch.iter().map(|e| e.topic.as_deref()).collect::<Vec<_>>())
                 .fetch_all(&mut *conn)
                 .await
                 .ctx(OP)?
@@ -261,6 +262,7 @@ mod tests {
             run_at: Millis(0),
             max_attempts: 1,
             idempotency_key: key.map(str::to_string),
+            topic: None,
         };
         let events = [e(None), e(Some("k")), e(None)];
         let other = EventId::new();

@@ -47,6 +47,7 @@ mod store;
 mod sweep;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod topics;
 
 use std::sync::Arc;
 use std::time::Duration;

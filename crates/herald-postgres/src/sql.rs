@@ -57,7 +57,7 @@ const RENEW: &str = "SELECT * FROM {s}.renew($1, $2, $3, $4)";
 /// delay), kept below the parked mark. Migration 5's `emit` says how an id
 /// stays unique across the leaves.
 const EMIT: &str = "SELECT * FROM {s}.emit($1::uuid[], $2::text[], $3::text[], $4::text[], \
-     $5::int8[], $6::int4[], $7::text[])";
+     $5::int8[], $6::int4[], $7::text[], $8::text[])";
 
 /// The live events holding idempotency keys, one index probe per key. `$4`
 /// positions.
@@ -300,6 +300,10 @@ pub(crate) struct Sql {
     pub(crate) remove_rule: String,
     pub(crate) rules_for: String,
     pub(crate) rules: String,
+    pub(crate) subscribe: String,
+    pub(crate) unsubscribe: String,
+    pub(crate) subscribers: String,
+    pub(crate) subscriptions: String,
     pub(crate) now: String,
     pub(crate) ring: String,
     pub(crate) ring_flip: String,
@@ -350,6 +354,10 @@ impl Sql {
             remove_rule: f(REMOVE_RULE),
             rules_for: f(RULES_FOR),
             rules: f(RULES),
+            subscribe: f(crate::topics::SUBSCRIBE),
+            unsubscribe: f(crate::topics::UNSUBSCRIBE),
+            subscribers: f(crate::topics::SUBSCRIBERS),
+            subscriptions: f(crate::topics::SUBSCRIPTIONS),
             now: f(NOW),
             ring: f(RING),
             ring_flip: f(RING_FLIP),
@@ -368,6 +376,7 @@ impl Sql {
             ("settle_bury", self.settle_bury.clone()),
             ("renew", self.renew.clone()),
             ("emit", self.emit.clone()),
+            ("subscribers", self.subscribers.clone()),
             ("existing_keys", self.existing_keys.clone()),
             ("renotify", self.renotify.clone()),
             ("renotify_after", self.renotify_after.clone()),

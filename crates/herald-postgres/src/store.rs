@@ -6,11 +6,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use herald::store::{
     CountsQuery, EventFilter, HandlerCounts, Inspection, LeaseRef, Scheduled, Settle, StoreResult,
-    SweepPage, SweepPass,
+    SubscriptionSync, SweepPage, SweepPass,
 };
 use herald::{
     AttemptError, Emitted, Event, EventId, Leadership, LeaseToken, Millis, NewEvent, Rule,
-    RuleMatch, Store,
+    RuleMatch, Store, Subscription,
 };
 
 use crate::retry::retry;
@@ -95,6 +95,29 @@ impl Store for PgStore {
 
     async fn rules(&self) -> StoreResult<Vec<Rule>> {
         self.rules_once().await
+    }
+
+    async fn subscribe(&self, subscription: &Subscription) -> StoreResult<bool> {
+        retry("subscribe", || self.subscribe_once(subscription)).await
+    }
+
+    async fn unsubscribe(&self, subscription: &Subscription) -> StoreResult<bool> {
+        retry("unsubscribe", || self.unsubscribe_once(subscription)).await
+    }
+
+    async fn subscribers(&self, tenant: &str, topic: &str) -> StoreResult<Vec<String>> {
+        retry("subscribers", || self.subscribers_once(tenant, topic)).await
+    }
+
+    async fn subscriptions(&self, topic: Option<&str>) -> StoreResult<Vec<Subscription>> {
+        retry("subscriptions", || self.subscriptions_once(topic)).await
+    }
+
+    async fn sync_subscriptions(&self, declared: &[Subscription]) -> StoreResult<SubscriptionSync> {
+        retry("sync_subscriptions", || {
+            self.sync_subscriptions_once(declared)
+        })
+        .await
     }
 
     async fn renotify_page(

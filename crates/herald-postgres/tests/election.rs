@@ -15,11 +15,12 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use herald::store::{
-    EventFilter, Inspection, LeaseRef, Scheduled, Settle, StoreResult, SweepPage, SweepPass,
+    EventFilter, Inspection, LeaseRef, Scheduled, Settle, StoreResult, SubscriptionSync, SweepPage,
+    SweepPass,
 };
 use herald::{
     Emitted, Event, EventId, LeaseToken, MemoryQueue, Millis, NewEvent, Rule, RuleMatch, Store,
-    Worker, WorkerConfig,
+    Subscription, Worker, WorkerConfig,
 };
 use herald_postgres::{testing, PgStore};
 use sqlx::postgres::PgPoolOptions;
@@ -84,6 +85,21 @@ impl Store for SweepSpy {
     }
     async fn rules(&self) -> StoreResult<Vec<Rule>> {
         self.inner.rules().await
+    }
+    async fn subscribe(&self, subscription: &Subscription) -> StoreResult<bool> {
+        self.inner.subscribe(subscription).await
+    }
+    async fn unsubscribe(&self, subscription: &Subscription) -> StoreResult<bool> {
+        self.inner.unsubscribe(subscription).await
+    }
+    async fn subscribers(&self, tenant: &str, topic: &str) -> StoreResult<Vec<String>> {
+        self.inner.subscribers(tenant, topic).await
+    }
+    async fn subscriptions(&self, topic: Option<&str>) -> StoreResult<Vec<Subscription>> {
+        self.inner.subscriptions(topic).await
+    }
+    async fn sync_subscriptions(&self, declared: &[Subscription]) -> StoreResult<SubscriptionSync> {
+        self.inner.sync_subscriptions(declared).await
     }
     async fn renotify_page(
         &self,
@@ -255,6 +271,7 @@ async fn emit_slow(store: &PgStore) -> NewEvent {
         run_at: Millis::now(),
         max_attempts: 5,
         idempotency_key: None,
+        topic: None,
     };
     store.emit(std::slice::from_ref(&e)).await.unwrap();
     e

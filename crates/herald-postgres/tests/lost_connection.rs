@@ -34,6 +34,7 @@ fn batch(key_every: Option<usize>) -> Vec<NewEvent> {
             run_at: now,
             max_attempts: 3,
             idempotency_key: key_every.filter(|k| i % k == 0).map(|_| format!("k{i}")),
+            topic: None,
         })
         .collect()
 }

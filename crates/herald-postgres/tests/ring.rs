@@ -21,6 +21,7 @@ fn event(handler: &str, run_in: Duration) -> NewEvent {
         run_at: Millis(Millis::now().0 + run_in.as_millis() as i64 - 1_000),
         max_attempts: 3,
         idempotency_key: None,
+        topic: None,
     }
 }
 
@@ -206,6 +207,7 @@ async fn an_id_or_a_live_key_is_stored_once_across_leaves() {
     let first = event("h", Duration::ZERO);
     let keyed = NewEvent {
         idempotency_key: Some("k".into()),
+        topic: None,
         ..event("h", Duration::ZERO)
     };
     store.emit(&[first.clone(), keyed.clone()]).await.unwrap();
@@ -241,6 +243,7 @@ async fn racing_emits_and_turns_store_each_event_once() {
         (0..400)
             .map(|i| NewEvent {
                 idempotency_key: (i % 2 == 0).then(|| format!("key-{i}")),
+                topic: None,
                 ..event("h", Duration::ZERO)
             })
             .collect(),

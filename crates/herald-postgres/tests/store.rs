@@ -67,6 +67,7 @@ fn new_event(tenant: &str, handler: &str) -> NewEvent {
         run_at: Millis::now(),
         max_attempts: 3,
         idempotency_key: None,
+        topic: None,
     }
 }
 
@@ -402,6 +403,7 @@ async fn concurrent_emits_of_one_key_store_one_event() {
                 let barrier = barrier.clone();
                 let e = NewEvent {
                     idempotency_key: Some(key.clone()),
+                    topic: None,
                     ..new_event("t", "h")
                 };
                 tokio::spawn(async move {
@@ -460,6 +462,7 @@ async fn emit_in_a_rolled_back_transaction_stores_nothing() {
 
     let g = NewEvent {
         idempotency_key: Some("k".into()),
+        topic: None,
         ..new_event("t", "h")
     };
     let mut tx = f.store.pool().begin().await.unwrap();
@@ -788,3 +791,96 @@ async fn sweep_limits_parking_per_call_and_goes_on() {
 // ---------------------------------------------------------------- purge
 
 // ---------------------------------------------------------------- admin
+
+// ---------------------------------------------------------------- topics
+
+/// A topic emit whose insert fails mid-way (a trigger raises on the fourth
+/// of five copies) stores none of them, and an emit grouped with it is
+/// stored all the same. The trigger is on the partitioned table, so it
+/// fires in whichever leaf the rows go to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_emit_that_fails_mid_insert_stores_none_of_its_copies() {
+    use herald::{Client, ClientError, EmitOptions, MemoryQueue, Subscription};
+
+    let f = fixture!();
+    for i in 0..5 {
+        let s = Subscription::every_tenant("user.signup", format!("h{i}"));
+        assert!(f.store.subscribe(&s).await.unwrap());
+    }
+    let fail = f.table("fail_h3");
+    sqlx::query(&format!(
+        "CREATE FUNCTION {fail}() RETURNS trigger LANGUAGE plpgsql AS \
+         $$BEGIN IF NEW.handler = 'h3' THEN RAISE EXCEPTION 'the test refuses h3'; END IF; \
+         RETURN NEW; END$$"
+    ))
+    .execute(f.store.pool())
+    .await
+    .unwrap();
+    sqlx::query(&format!(
+        "CREATE TRIGGER fail_h3 BEFORE INSERT ON {} FOR EACH ROW EXECUTE FUNCTION {fail}()",
+        f.table("events")
+    ))
+    .execute(f.store.pool())
+    .await
+    .unwrap();
+    let store: Arc<dyn Store> = Arc::new(f.store.clone());
+    let client = Client::new(store.clone(), Arc::new(MemoryQueue::default()));
+    for options in [
+        EmitOptions::default(),
+        // With a key the insert and the look-ups share a transaction.
+        EmitOptions::default().idempotency_key("k"),
+    ] {
+        let (topic, direct) = tokio::join!(
+            client.emit_topic_json("acme", "user.signup", "{}", options),
+            client.emit_json("acme", "h1", "{}", EmitOptions::default()),
+        );
+        match topic {
+            Err(ClientError::Store(StoreError::Backend { context, source })) => {
+                assert_eq!(context, "emit");
+                assert!(source.to_string().contains("refuses h3"), "{source}");
+            }
+            other => panic!("expected a store error, got {other:?}"),
+        }
+        direct.expect("the other emit is stored");
+    }
+    assert_eq!(
+        f.scalar_i64("SELECT count(*) FROM {events}").await,
+        2,
+        "only the direct emits are stored"
+    );
+    assert_eq!(
+        f.scalar_i64("SELECT count(*) FROM {events} WHERE topic IS NOT NULL")
+            .await,
+        0
+    );
+    sqlx::query(&format!("DROP TRIGGER fail_h3 ON {}", f.table("events")))
+        .execute(f.store.pool())
+        .await
+        .unwrap();
+    let out = client
+        .emit_topic_json("acme", "user.signup", "{}", EmitOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(out.events.len(), 5);
+    assert_eq!(
+        f.scalar_i64("SELECT count(*) FROM {events} WHERE topic = 'user.signup'")
+            .await,
+        5
+    );
+}
+
+/// The topic column reaches every leaf of the ring and events_cold.
+#[tokio::test]
+async fn every_leaf_has_the_topic_column() {
+    let f = fixture!();
+    for leaf in ["events_cold", "events_1", "events_2", "events_3"] {
+        let n = f
+            .scalar_i64(&format!(
+                "SELECT count(*) FROM information_schema.columns \
+                 WHERE table_schema = '{}' AND table_name = '{leaf}' AND column_name = 'topic'",
+                f.store.schema()
+            ))
+            .await;
+        assert_eq!(n, 1, "{leaf} has no topic column");
+    }
+}

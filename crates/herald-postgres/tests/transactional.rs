@@ -186,3 +186,75 @@ async fn an_emit_committed_then_notified_runs_at_once_and_once() {
     assert_eq!(stored(&r.store).await, 0);
     r.worker.shutdown(SOON).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_emit_in_a_transaction_runs_after_the_commit_and_not_after_a_rollback() {
+    let r = rig!();
+    let s = herald::Subscription::every_tenant("user.signup", "record");
+    assert!(r.client.subscribe(&s).await.unwrap());
+    // Rolled back: nothing stored, nothing runs.
+    let mut tx = r.store.pool().begin().await.unwrap();
+    let rolled = r
+        .store
+        .emit_topic_in(
+            &mut tx,
+            &r.client,
+            "acme",
+            "user.signup",
+            "{}",
+            EmitOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(rolled.events.len(), 1);
+    tx.rollback().await.unwrap();
+    assert_eq!(stored(&r.store).await, 0);
+    // Committed, then notified: it runs once, with its topic.
+    let mut tx = r.store.pool().begin().await.unwrap();
+    sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+    let done = r
+        .store
+        .emit_topic_in(
+            &mut tx,
+            &r.client,
+            "acme",
+            "user.signup",
+            "{}",
+            EmitOptions::default(),
+        )
+        .await
+        .unwrap();
+    let id = done.outcome().events[0].emitted.id();
+    assert_eq!(
+        r.store.get(id).await.unwrap().unwrap().topic.as_deref(),
+        Some("user.signup")
+    );
+    tx.commit().await.unwrap();
+    r.client.notify_topic(&done).await;
+    let ledger = r.ledger.clone();
+    eventually("the copy runs", SOON, || {
+        let n = ledger.runs_of(id);
+        async move { n == 1 }
+    })
+    .await;
+    assert_eq!(r.ledger.runs_of(rolled.events[0].id), 0);
+    // No subscriber: an error, nothing stored.
+    let mut tx = r.store.pool().begin().await.unwrap();
+    let none = r
+        .store
+        .emit_topic_in(
+            &mut tx,
+            &r.client,
+            "acme",
+            "nobody",
+            "{}",
+            EmitOptions::default(),
+        )
+        .await;
+    assert!(
+        matches!(none, Err(herald::ClientError::NoSubscribers { .. })),
+        "{none:?}"
+    );
+    tx.rollback().await.unwrap();
+    r.worker.shutdown(SOON).await;
+}

@@ -42,6 +42,7 @@ async fn main() {
                 run_at: Millis::now(),
                 max_attempts: 25,
                 idempotency_key: None,
+                topic: None,
             })
             .collect();
         ids.extend(batch.iter().map(|e| e.id));

@@ -24,8 +24,8 @@ pub(crate) fn emit(
     let mut insert = conn
         .prepare_cached(
             "INSERT INTO events (id, tenant, handler, payload, state, run_at, attempt, \
-                       max_attempts, notified_at, idempotency_key, created_at, updated_at) \
-                     VALUES (?1, ?2, ?3, ?4, 0, ?5, 0, ?6, ?5, ?7, ?8, ?8) \
+                       max_attempts, notified_at, idempotency_key, created_at, updated_at, topic) \
+                     VALUES (?1, ?2, ?3, ?4, 0, ?5, 0, ?6, ?5, ?7, ?8, ?8, ?9) \
                      ON CONFLICT (id) DO NOTHING",
         )
         .ctx(OP)?;
@@ -51,6 +51,7 @@ pub(crate) fn emit(
                 i64::from(e.max_attempts),
                 e.idempotency_key,
                 now.0,
+                e.topic,
             ])
             .ctx(OP)?;
         // An id that is already stored: a retried emit whose first

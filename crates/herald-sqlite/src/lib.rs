@@ -32,6 +32,7 @@ mod schema;
 mod settle;
 mod store;
 mod sweep;
+mod topics;
 mod writer;
 
 use std::path::{Path, PathBuf};

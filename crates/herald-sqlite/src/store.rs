@@ -7,16 +7,16 @@ use std::time::Duration;
 use async_trait::async_trait;
 use herald::store::{
     CountsQuery, EventFilter, HandlerCounts, Inspection, LeaseRef, Scheduled, Settle, StoreResult,
-    SweepPage, SweepPass,
+    SubscriptionSync, SweepPage, SweepPass,
 };
 use herald::{
     AttemptError, Emitted, Event, EventId, Leadership, LeaseToken, Millis, NewEvent, Rule,
-    RuleMatch, Store,
+    RuleMatch, Store, Subscription,
 };
 use rusqlite::types::Value;
 
 use crate::rows::blob;
-use crate::{admin, claim, emit, leaders, reads, rules, settle, sweep, SqliteStore};
+use crate::{admin, claim, emit, leaders, reads, rules, settle, sweep, topics, SqliteStore};
 
 #[async_trait]
 impl Store for SqliteStore {
@@ -98,6 +98,44 @@ impl Store for SqliteStore {
 
     async fn rules(&self) -> StoreResult<Vec<Rule>> {
         self.call("rules", move |conn, _| rules::all(conn)).await
+    }
+
+    async fn subscribe(&self, subscription: &Subscription) -> StoreResult<bool> {
+        let s = subscription.clone();
+        self.call("subscribe", move |conn, now| {
+            topics::subscribe(conn, now, &s)
+        })
+        .await
+    }
+
+    async fn unsubscribe(&self, subscription: &Subscription) -> StoreResult<bool> {
+        let s = subscription.clone();
+        self.call("unsubscribe", move |conn, _| topics::unsubscribe(conn, &s))
+            .await
+    }
+
+    async fn subscribers(&self, tenant: &str, topic: &str) -> StoreResult<Vec<String>> {
+        let (tenant, topic) = (tenant.to_string(), topic.to_string());
+        self.call("subscribers", move |conn, _| {
+            topics::subscribers(conn, &tenant, &topic)
+        })
+        .await
+    }
+
+    async fn subscriptions(&self, topic: Option<&str>) -> StoreResult<Vec<Subscription>> {
+        let topic = topic.map(str::to_string);
+        self.call("subscriptions", move |conn, _| {
+            topics::list(conn, topic.as_deref())
+        })
+        .await
+    }
+
+    async fn sync_subscriptions(&self, declared: &[Subscription]) -> StoreResult<SubscriptionSync> {
+        let declared = declared.to_vec();
+        self.call("sync_subscriptions", move |conn, now| {
+            topics::sync(conn, now, &declared)
+        })
+        .await
     }
 
     async fn renotify_page(

@@ -97,6 +97,7 @@ async fn emit(store: &SqliteStore, max_attempts: u32) -> EventId {
         run_at: Millis::now(),
         max_attempts,
         idempotency_key: None,
+        topic: None,
     };
     store.emit(std::slice::from_ref(&e)).await.expect("emit");
     e.id

@@ -53,6 +53,7 @@ fn new_event(tenant: &str, handler: &str) -> NewEvent {
         run_at: Millis::now(),
         max_attempts: 3,
         idempotency_key: None,
+        topic: None,
     }
 }
 
@@ -630,4 +631,53 @@ async fn sweep_limits_parking_per_call_and_goes_on() {
         )
         .unwrap();
     assert_eq!(parked, 40);
+}
+
+// ---------------------------------------------------------------- topics
+
+/// A topic emit whose insert fails mid-way (a trigger raises on the fourth
+/// of five copies) stores none of them, and an emit grouped with it in the
+/// same commit is stored all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_emit_that_fails_mid_insert_stores_none_of_its_copies() {
+    use std::sync::Arc;
+
+    use herald::{Client, ClientError, EmitOptions, MemoryQueue, Subscription};
+
+    let f = fixture();
+    for i in 0..5 {
+        let s = Subscription::every_tenant("user.signup", format!("h{i}"));
+        assert!(f.store.subscribe(&s).await.unwrap());
+    }
+    raw(&f.path)
+        .execute_batch(
+            "CREATE TRIGGER fail_h3 BEFORE INSERT ON events WHEN NEW.handler = 'h3' \
+             BEGIN SELECT RAISE(ABORT, 'the test refuses h3'); END;",
+        )
+        .unwrap();
+    let store: Arc<dyn Store> = Arc::new(f.store.clone());
+    let client = Client::new(store.clone(), Arc::new(MemoryQueue::default()));
+    let (topic, direct) = tokio::join!(
+        client.emit_topic_json("acme", "user.signup", "{}", EmitOptions::default()),
+        client.emit_json("acme", "h1", "{}", EmitOptions::default()),
+    );
+    match topic {
+        Err(ClientError::Store(StoreError::Backend { context, .. })) => {
+            assert!(context.starts_with("emit"), "{context}")
+        }
+        other => panic!("expected a store error, got {other:?}"),
+    }
+    let direct = direct.expect("the other emit is stored");
+    let count: i64 = raw(&f.path)
+        .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(count, 1, "only the direct emit is stored");
+    assert!(f.store.get(direct.id()).await.unwrap().is_some());
+    // Without the trigger the same emit stores all five.
+    raw(&f.path).execute_batch("DROP TRIGGER fail_h3").unwrap();
+    let out = client
+        .emit_topic_json("acme", "user.signup", "{}", EmitOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(out.events.len(), 5);
 }

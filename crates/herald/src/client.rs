@@ -11,7 +11,7 @@ use crate::group_commit::GroupCommit;
 pub use crate::group_commit::{DEFAULT_GROUP_COMMIT_WRITES, GROUP_MAX_EVENTS};
 use crate::handler::Job;
 use crate::model::{
-    Emitted, Event, EventId, EventState, Millis, NewEvent, Rule, RuleKind, RuleMatch,
+    Emitted, Event, EventId, EventState, Millis, NewEvent, Rule, RuleKind, RuleMatch, Subscription,
 };
 use crate::publisher::Publisher;
 pub use crate::publisher::DEFAULT_NOTIFY_LINGER;
@@ -59,9 +59,40 @@ pub enum ClientError {
         /// What was wrong with it.
         error: Box<ClientError>,
     },
+    /// No handler is subscribed to the topic for the tenant: nothing was
+    /// stored. An event that nobody will run is a loss the emitter should
+    /// see, not a silent success (docs/semantics.md, "Fan-out").
+    #[error(
+        "no handler is subscribed to topic {topic:?} for tenant {tenant:?}; nothing was stored"
+    )]
+    NoSubscribers {
+        /// The tenant emitted for.
+        tenant: String,
+        /// The topic emitted to.
+        topic: String,
+    },
     /// The store failed; nothing was stored.
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// One subscriber's copy of a topic emit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubscriberEmitted {
+    /// The subscribed handler.
+    pub handler: String,
+    /// Its event: new, or the live one holding the idempotency key.
+    pub emitted: Emitted,
+}
+
+/// What [`Client::emit_topic`] stored: one event per subscribed handler,
+/// in handler order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopicEmitted {
+    /// The topic.
+    pub topic: String,
+    /// Per subscribed handler, its event.
+    pub events: Vec<SubscriberEmitted>,
 }
 
 /// Options of one emit.
@@ -347,20 +378,165 @@ impl Client {
         self.publisher.publish(created).await;
     }
 
+    /// Emits raw JSON to a topic for `tenant`: one event per handler
+    /// subscribed for this tenant or for every tenant, each with the same
+    /// payload and options, stored in one store call (all or none) and then
+    /// notified. Each copy is an event of its own (attempts, delay, pause
+    /// and block, dead state, retry), with [`Event::topic`] set; an
+    /// idempotency key deduplicates each copy on its own `(tenant, handler,
+    /// key)`. No subscriber: [`ClientError::NoSubscribers`], nothing stored.
+    /// A subscription added or removed while this runs applies if it was
+    /// stored before the subscribers were read.
+    pub async fn emit_topic_json(
+        &self,
+        tenant: &str,
+        topic: &str,
+        payload: &str,
+        options: EmitOptions,
+    ) -> Result<TopicEmitted, ClientError> {
+        // Refuse bad input before reading the store.
+        self.check_topic_emit(tenant, topic, payload, &options)?;
+        let handlers = self.store.subscribers(tenant, topic).await?;
+        let events = self.prepare_topic(tenant, topic, payload, options, &handlers)?;
+        let (events, emitted) = self.commit.emit(events).await;
+        let emitted = emitted?;
+        self.notify_emitted(&events, &emitted).await;
+        Ok(topic_emitted(topic, &events, &emitted))
+    }
+
+    /// [`Client::emit_topic_json`] with a payload serialized to JSON.
+    pub async fn emit_topic<T: Serialize>(
+        &self,
+        tenant: &str,
+        topic: &str,
+        payload: &T,
+        options: EmitOptions,
+    ) -> Result<TopicEmitted, ClientError> {
+        let payload = to_json(payload)?;
+        self.emit_topic_json(tenant, topic, &payload, options).await
+    }
+
+    /// Builds a topic emit's events, one per handler of `subscribers` (read
+    /// with [`Store::subscribers`], or inside the caller's transaction: see
+    /// `herald_postgres::PgStore::emit_topic_in`), without storing them.
+    /// No subscriber: [`ClientError::NoSubscribers`].
+    pub fn prepare_topic(
+        &self,
+        tenant: &str,
+        topic: &str,
+        payload: &str,
+        options: EmitOptions,
+        subscribers: &[String],
+    ) -> Result<Vec<NewEvent>, ClientError> {
+        self.check_topic_emit(tenant, topic, payload, &options)?;
+        if subscribers.is_empty() {
+            return Err(ClientError::NoSubscribers {
+                tenant: tenant.to_string(),
+                topic: topic.to_string(),
+            });
+        }
+        let now = Millis::now();
+        subscribers
+            .iter()
+            .map(|handler| {
+                let mut event = self.validate(
+                    EmitRequest {
+                        tenant: tenant.to_string(),
+                        handler: handler.clone(),
+                        payload: payload.to_string(),
+                        options: options.clone(),
+                    },
+                    now,
+                )?;
+                event.topic = Some(topic.to_string());
+                Ok(event)
+            })
+            .collect()
+    }
+
+    /// The checks of a topic emit that need no subscriber (names, payload,
+    /// options): what [`Client::emit_topic_json`] refuses before it reads
+    /// the store.
+    pub fn check_topic_emit(
+        &self,
+        tenant: &str,
+        topic: &str,
+        payload: &str,
+        options: &EmitOptions,
+    ) -> Result<(), ClientError> {
+        check_name("tenant", tenant)?;
+        check_name("topic", topic)?;
+        self.check_payload(payload)?;
+        if let Some(key) = &options.idempotency_key {
+            check_name("idempotency_key", key)?;
+        }
+        if options.max_attempts == Some(0) {
+            return Err(ClientError::NoAttempts);
+        }
+        Ok(())
+    }
+
+    fn check_payload(&self, payload: &str) -> Result<(), ClientError> {
+        if payload.len() > self.max_payload {
+            return Err(ClientError::TooLarge {
+                size: payload.len(),
+                limit: self.max_payload,
+            });
+        }
+        serde_json::from_str::<&RawValue>(payload)
+            .map_err(|e| ClientError::NotJson(e.to_string()))?;
+        Ok(())
+    }
+
+    /// Subscribes a handler to a topic (for one tenant or every tenant);
+    /// false if it already was. It applies to the topic emits that read
+    /// the subscribers after it is stored.
+    pub async fn subscribe(&self, subscription: &Subscription) -> Result<bool, ClientError> {
+        check_subscription(subscription)?;
+        Ok(self.store.subscribe(subscription).await?)
+    }
+
+    /// Removes a subscription; false if there was none. Events already
+    /// stored for it stay, and run.
+    pub async fn unsubscribe(&self, subscription: &Subscription) -> Result<bool, ClientError> {
+        check_subscription(subscription)?;
+        Ok(self.store.unsubscribe(subscription).await?)
+    }
+
+    /// The handlers an emit to `topic` for `tenant` would store an event
+    /// for, in name order.
+    pub async fn subscribers(&self, tenant: &str, topic: &str) -> Result<Vec<String>, ClientError> {
+        check_name("tenant", tenant)?;
+        check_name("topic", topic)?;
+        Ok(self.store.subscribers(tenant, topic).await?)
+    }
+
+    /// The subscriptions, of one topic or of all.
+    pub async fn subscriptions(
+        &self,
+        topic: Option<&str>,
+    ) -> Result<Vec<Subscription>, ClientError> {
+        if let Some(topic) = topic {
+            check_name("topic", topic)?;
+        }
+        Ok(self.store.subscriptions(topic).await?)
+    }
+
+    /// Publishes the notifications of a topic emit stored in the caller's
+    /// transaction ([`Client::notify_emitted`] for its events): call it
+    /// after the commit. A failure is logged; the reconciler notifies what
+    /// this could not.
+    pub async fn notify_topic(&self, stored: &StoredTopicEmit) {
+        self.notify_emitted(&stored.events, &stored.emitted).await;
+    }
+
     fn validate(&self, r: EmitRequest, now: Millis) -> Result<NewEvent, ClientError> {
         check_name("tenant", &r.tenant)?;
         check_name("handler", &r.handler)?;
         if let Some(key) = &r.options.idempotency_key {
             check_name("idempotency_key", key)?;
         }
-        if r.payload.len() > self.max_payload {
-            return Err(ClientError::TooLarge {
-                size: r.payload.len(),
-                limit: self.max_payload,
-            });
-        }
-        serde_json::from_str::<&RawValue>(&r.payload)
-            .map_err(|e| ClientError::NotJson(e.to_string()))?;
+        self.check_payload(&r.payload)?;
         let max_attempts = r.options.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS);
         if max_attempts == 0 {
             return Err(ClientError::NoAttempts);
@@ -373,6 +549,7 @@ impl Client {
             run_at: now.plus(r.options.delay.unwrap_or_default()),
             max_attempts,
             idempotency_key: r.options.idempotency_key,
+            topic: None,
         })
     }
 
@@ -516,6 +693,51 @@ impl Client {
     }
 }
 
+/// Checks a subscription's names.
+pub fn check_subscription(s: &Subscription) -> Result<(), ClientError> {
+    if let Some(tenant) = &s.tenant {
+        check_name("tenant", tenant)?;
+    }
+    check_name("topic", &s.topic)?;
+    check_name("handler", &s.handler)
+}
+
+/// Pairs a topic emit's events with the store's answers.
+fn topic_emitted(topic: &str, events: &[NewEvent], emitted: &[Emitted]) -> TopicEmitted {
+    TopicEmitted {
+        topic: topic.to_string(),
+        events: events
+            .iter()
+            .zip(emitted)
+            .map(|(e, &emitted)| SubscriberEmitted {
+                handler: e.handler.clone(),
+                emitted,
+            })
+            .collect(),
+    }
+}
+
+/// A topic emit stored inside the caller's transaction (as
+/// `herald_postgres::PgStore::emit_topic_in` does): its events and the
+/// store's answers, to notify with [`Client::notify_topic`] once the
+/// transaction committed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoredTopicEmit {
+    /// The topic.
+    pub topic: String,
+    /// The events, one per subscriber.
+    pub events: Vec<NewEvent>,
+    /// The store's answer for each.
+    pub emitted: Vec<Emitted>,
+}
+
+impl StoredTopicEmit {
+    /// Per subscribed handler, its event.
+    pub fn outcome(&self) -> TopicEmitted {
+        topic_emitted(&self.topic, &self.events, &self.emitted)
+    }
+}
+
 fn rule(tenant: &str, handler: &str, kind: RuleKind) -> Result<Rule, ClientError> {
     check_name("tenant", tenant)?;
     check_name("handler", handler)?;
@@ -549,7 +771,7 @@ fn to_json<T: Serialize>(value: &T) -> Result<String, ClientError> {
     serde_json::to_string(value).map_err(|e| ClientError::NotJson(e.to_string()))
 }
 
-/// The naming rule for tenants, handlers and keys: 1 to 200 bytes of UTF-8
+/// The naming rule for tenants, handlers, topics and keys: 1 to 200 bytes of UTF-8
 /// with no control characters. Anything else (quotes, slashes, unicode, SQL)
 /// is stored and shown exactly as given.
 pub fn check_name(field: &'static str, value: &str) -> Result<(), ClientError> {
@@ -580,5 +802,6 @@ mod tests {
         assert!(check_name("tenant", "").is_err());
         assert!(check_name("tenant", "a\nb").is_err());
         assert!(check_name("tenant", &"x".repeat(201)).is_err());
+        assert!(check_name("topic", "user.signup").is_ok());
     }
 }

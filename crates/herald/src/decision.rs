@@ -553,6 +553,7 @@ mod tests {
             lease: None,
             last_error: None,
             idempotency_key: None,
+            topic: None,
             created_at: NOW,
             updated_at: NOW,
         }

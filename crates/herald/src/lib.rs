@@ -18,18 +18,21 @@ pub mod sweep;
 pub mod testkit;
 pub mod worker;
 
-pub use client::{Client, ClientError, EmitOptions, EmitRequest, Release};
+pub use client::{
+    Client, ClientError, EmitOptions, EmitRequest, Release, StoredTopicEmit, SubscriberEmitted,
+    TopicEmitted,
+};
 pub use handler::{Context, Handler, HandlerError, IntoOutcome, Job, Outcome};
 pub use memory_queue::MemoryQueue;
 pub use model::{
     AttemptError, Emitted, Event, EventId, EventState, Lease, LeaseToken, Millis, NewEvent,
-    Notification, Rule, RuleKind, RuleMatch,
+    Notification, Rule, RuleKind, RuleMatch, Subscription,
 };
 pub use queue::{Delivery, DeliveryTag, MessageLimits, Publish, Queue, QueueError};
 pub use retry::{RetryPolicy, DEFAULT_MAX_ATTEMPTS};
 pub use store::{
     CappedCount, CountsQuery, EventFilter, HandlerCounts, Leadership, PendingSample, Store,
-    StoreError, StoreResult,
+    StoreError, StoreResult, SubscriptionSync,
 };
 pub use worker::{
     RunObserver, RunSettled, ShutdownHandle, ShutdownReport, StatsSnapshot, Worker, WorkerBuilder,

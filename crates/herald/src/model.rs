@@ -191,6 +191,9 @@ pub struct Event {
     pub last_error: Option<String>,
     /// The optional idempotency key it was emitted with.
     pub idempotency_key: Option<String>,
+    /// The topic it was emitted to, when it is one subscriber's copy of a
+    /// topic emit ([`crate::Client::emit_topic`]); `None` for a direct emit.
+    pub topic: Option<String>,
     /// When it was emitted.
     pub created_at: Millis,
     /// When it last changed.
@@ -225,6 +228,46 @@ pub struct NewEvent {
     pub max_attempts: u32,
     /// One live event per `(tenant, handler, key)`.
     pub idempotency_key: Option<String>,
+    /// The topic it is emitted to (one subscriber's copy), or `None` for a
+    /// direct emit.
+    pub topic: Option<String>,
+}
+
+/// A handler's subscription to a topic: an emit to `topic` for a tenant
+/// stores one event for `handler` when the subscription is that tenant's
+/// or every tenant's (docs/semantics.md, "Fan-out").
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Subscription {
+    /// The tenant it applies to; `None` for every tenant.
+    pub tenant: Option<String>,
+    /// The topic name ("user.signup").
+    pub topic: String,
+    /// The handler that gets a copy of each event emitted to the topic.
+    pub handler: String,
+}
+
+impl Subscription {
+    /// A subscription of `handler` to `topic` for every tenant.
+    pub fn every_tenant(topic: impl Into<String>, handler: impl Into<String>) -> Self {
+        Subscription {
+            tenant: None,
+            topic: topic.into(),
+            handler: handler.into(),
+        }
+    }
+
+    /// A subscription of `handler` to `topic` for `tenant` only.
+    pub fn for_tenant(
+        tenant: impl Into<String>,
+        topic: impl Into<String>,
+        handler: impl Into<String>,
+    ) -> Self {
+        Subscription {
+            tenant: Some(tenant.into()),
+            topic: topic.into(),
+            handler: handler.into(),
+        }
+    }
 }
 
 /// The result of storing one [`NewEvent`].

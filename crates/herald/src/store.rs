@@ -13,7 +13,7 @@ use async_trait::async_trait;
 
 use crate::model::{
     AttemptError, Emitted, Event, EventId, EventState, LeaseToken, Millis, NewEvent, Rule,
-    RuleKind, RuleMatch,
+    RuleKind, RuleMatch, Subscription,
 };
 
 /// What [`Store::lead`] found.
@@ -443,6 +443,15 @@ impl HandlerCounts {
     }
 }
 
+/// What [`Store::sync_subscriptions`] changed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SubscriptionSync {
+    /// Subscriptions added (or taken over from the API).
+    pub added: u64,
+    /// Config subscriptions removed, no longer declared.
+    pub removed: u64,
+}
+
 /// Where events are stored: the only source of truth.
 ///
 /// Implementations must make every write that ends a run ([`Store::settle`])
@@ -489,6 +498,28 @@ pub trait Store: Send + Sync + 'static {
 
     /// Every rule.
     async fn rules(&self) -> StoreResult<Vec<Rule>>;
+
+    /// Adds a subscription (declared through the API: it stays until
+    /// [`Store::unsubscribe`]); false if it already existed.
+    async fn subscribe(&self, subscription: &Subscription) -> StoreResult<bool>;
+
+    /// Removes a subscription, whoever declared it; false if there was none.
+    async fn unsubscribe(&self, subscription: &Subscription) -> StoreResult<bool>;
+
+    /// The handlers an emit to `topic` for `tenant` stores an event for:
+    /// those subscribed for this tenant or for every tenant, each once, in
+    /// name order.
+    async fn subscribers(&self, tenant: &str, topic: &str) -> StoreResult<Vec<String>>;
+
+    /// The subscriptions, of one topic or of all, in topic, tenant (every
+    /// tenant first) and handler order.
+    async fn subscriptions(&self, topic: Option<&str>) -> StoreResult<Vec<Subscription>>;
+
+    /// Makes the config file's subscriptions exactly `declared`, in one
+    /// transaction: those declared and missing are added, the config's that
+    /// are no longer declared are removed; the API's are left alone (one
+    /// declared in the file that the API added becomes the file's).
+    async fn sync_subscriptions(&self, declared: &[Subscription]) -> StoreResult<SubscriptionSync>;
 
     /// One page of `(tenant, handler)`'s pending events with ids after
     /// `after`, in id order, stamping them as notified. Used by unpause and

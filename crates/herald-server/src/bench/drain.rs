@@ -180,6 +180,7 @@ async fn store_backlog(bench: &Bench, args: &DrainArgs) -> Result<(), BenchError
                 run_at,
                 max_attempts: 10,
                 idempotency_key: None,
+                topic: None,
             })
             .collect();
         bench.store.emit(&batch).await?;

@@ -4,10 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::model::{Emitted, Event, EventId, LeaseToken, Millis, NewEvent, Rule, RuleMatch};
+use crate::model::{
+    Emitted, Event, EventId, LeaseToken, Millis, NewEvent, Rule, RuleMatch, Subscription,
+};
 use crate::store::{
     EventFilter, Inspection, LeaseRef, Scheduled, Settle, Store, StoreError, StoreResult,
-    SweepPage, SweepPass,
+    SubscriptionSync, SweepPage, SweepPass,
 };
 
 /// A store that refuses (with [`StoreError::Backend`], nothing written)
@@ -60,6 +62,21 @@ impl Store for RefusingEmits {
     }
     async fn rules(&self) -> StoreResult<Vec<Rule>> {
         self.inner.rules().await
+    }
+    async fn subscribe(&self, subscription: &Subscription) -> StoreResult<bool> {
+        self.inner.subscribe(subscription).await
+    }
+    async fn unsubscribe(&self, subscription: &Subscription) -> StoreResult<bool> {
+        self.inner.unsubscribe(subscription).await
+    }
+    async fn subscribers(&self, tenant: &str, topic: &str) -> StoreResult<Vec<String>> {
+        self.inner.subscribers(tenant, topic).await
+    }
+    async fn subscriptions(&self, topic: Option<&str>) -> StoreResult<Vec<Subscription>> {
+        self.inner.subscriptions(topic).await
+    }
+    async fn sync_subscriptions(&self, declared: &[Subscription]) -> StoreResult<SubscriptionSync> {
+        self.inner.sync_subscriptions(declared).await
     }
     async fn renotify_page(
         &self,

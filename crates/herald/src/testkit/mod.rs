@@ -228,6 +228,8 @@ macro_rules! engine_suite {
             concurrent_emits_of_one_key_store_one_event,
             a_refused_emit_fails_only_itself_in_a_group,
             dead_event_can_be_retried,
+            a_paused_subscriber_holds_only_its_copy,
+            a_topic_of_1000_subscribers_stores_and_runs_every_copy,
         );
     };
     (@tests $make:path, $queue:tt; $($name:ident),* $(,)?) => {
@@ -322,6 +324,9 @@ macro_rules! store_suite {
             counts_by_tenant_handler_and_state,
             counts_tell_waiting_running_delayed_held_dead_and_done_apart,
             counts_beyond_the_cap_are_estimated_and_add_up,
+            subscriptions_add_remove_list_and_merge_every_tenant,
+            syncing_the_config_replaces_its_subscriptions_and_keeps_the_api_s,
+            a_topic_emit_stores_one_event_per_subscriber,
         );
     };
     (@tests $make:path; $($name:ident),* $(,)?) => {

@@ -141,6 +141,7 @@ async fn write(store: &dyn Store, shapes: &[Shape], copy: &str) -> Vec<EventId> 
             },
             max_attempts: s.max_attempts,
             idempotency_key: None,
+            topic: None,
         })
         .collect();
     store.emit(&events).await.expect("emit");

@@ -16,6 +16,7 @@ mod reconcile;
 mod rules;
 mod runs;
 mod shutdown;
+mod topics;
 
 // The suite macro names every scenario as `engine::<name>`.
 pub use ahead::*;
@@ -27,6 +28,7 @@ pub use reconcile::*;
 pub use rules::*;
 pub use runs::*;
 pub use shutdown::*;
+pub use topics::*;
 
 use std::any::Any;
 use std::future::Future;
@@ -87,6 +89,7 @@ fn new_event(handler: &str) -> NewEvent {
         run_at: crate::model::Millis::now(),
         max_attempts: 3,
         idempotency_key: None,
+        topic: None,
     }
 }
 

@@ -63,6 +63,7 @@ pub async fn idempotency_key_is_one_live_event_per_key(store: Arc<dyn Store>) {
     let store = store.as_ref();
     let keyed = |key: &str| NewEvent {
         idempotency_key: Some(key.into()),
+        topic: None,
         ..new_event("t", "h")
     };
     // Within one batch.

@@ -25,6 +25,7 @@ mod retention;
 mod rules;
 mod settle;
 mod sweep;
+mod topics;
 
 // The suite macro names every scenario as `store::<name>`.
 pub use claim::*;
@@ -35,6 +36,7 @@ pub use retention::*;
 pub use rules::*;
 pub use settle::*;
 pub use sweep::*;
+pub use topics::*;
 // Its claim parity scenario lives with the other parity checks.
 pub use super::parity::claim_takes_exactly_what_admit_would_claim;
 
@@ -66,6 +68,7 @@ fn new_event(tenant: &str, handler: &str) -> NewEvent {
         run_at: ago(Duration::from_secs(1)),
         max_attempts: 3,
         idempotency_key: None,
+        topic: None,
     }
 }
 
