@@ -1410,6 +1410,7 @@ async fn every_route_is_documented_and_every_documented_route_exists() {
         let concrete = path
             .replace("{id}", &herald::EventId::new().to_string())
             .replace("{tenant}", "acme")
+            .replace("{topic}", "user.signup")
             .replace("{handler}", "h");
         let method = Method::from_bytes(method.as_bytes()).unwrap();
         let (status, _, v, _) = h.raw(method.clone(), &concrete, None, None, vec![]).await;
@@ -1475,4 +1476,147 @@ async fn the_dashboard_is_served_without_a_token() {
     // The page's requests still need the token.
     let (status, _) = h.call(Method::GET, "/v1/stats", None, None).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn topics_subscribe_emit_list_and_refuse_a_topic_without_subscribers() {
+    let h = Harness::new(tokens()).await;
+    let emit = "/v1/tenants/acme/topics/user.signup/events";
+    let body = json!({"payload": {"user": 7}, "max_attempts": 4});
+    // No subscriber: 422 no_subscribers, nothing stored.
+    let (status, v) = h
+        .call(Method::POST, emit, Some(ACME), Some(body.clone()))
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert_eq!(v["error"]["code"], "no_subscribers", "{v}");
+    let (_, page) = h
+        .call(Method::GET, "/v1/events", Some(OPERATOR), None)
+        .await;
+    assert_eq!(page["events"].as_array().unwrap().len(), 0, "{page}");
+    // Every tenant's subscriptions are the operator's to make.
+    let all = "/v1/topics/user.signup/subscribers/welcome";
+    let (status, v) = h.call(Method::PUT, all, Some(ACME), None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{v}");
+    let (status, v) = h.call(Method::PUT, all, Some(OPERATOR), None).await;
+    assert_eq!((status, &v), (StatusCode::OK, &json!({"added": true})));
+    let (_, v) = h.call(Method::PUT, all, Some(OPERATOR), None).await;
+    assert_eq!(v, json!({"added": false}));
+    // A tenant subscribes its own handler, not another tenant's.
+    let own = "/v1/tenants/acme/topics/user.signup/subscribers/crm";
+    let (status, v) = h.call(Method::PUT, own, Some(ACME), None).await;
+    assert_eq!((status, &v), (StatusCode::OK, &json!({"added": true})));
+    let (status, _) = h
+        .call(
+            Method::PUT,
+            "/v1/tenants/beta/topics/user.signup/subscribers/crm",
+            Some(ACME),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, v) = h
+        .call(
+            Method::GET,
+            "/v1/tenants/acme/topics/user.signup/subscribers",
+            Some(ACME),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["handlers"], json!(["crm", "welcome"]));
+    assert_eq!(v["subscriptions"].as_array().unwrap().len(), 2, "{v}");
+    // The emit: 201, one copy per subscriber, each with the topic.
+    let (status, v) = h
+        .call(Method::POST, emit, Some(ACME), Some(body.clone()))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    assert_eq!(v["topic"], "user.signup");
+    let copies = v["events"].as_array().unwrap();
+    assert_eq!(copies.len(), 2, "{v}");
+    assert_eq!(copies[0]["handler"], "crm");
+    assert_eq!(copies[1]["handler"], "welcome");
+    for c in copies {
+        assert_eq!(c["created"], true);
+        let id = c["id"].as_str().unwrap();
+        let (status, e) = h
+            .call(Method::GET, &format!("/v1/events/{id}"), Some(ACME), None)
+            .await;
+        assert_eq!(status, StatusCode::OK, "{e}");
+        assert_eq!(e["topic"], "user.signup");
+        assert_eq!(e["handler"], c["handler"]);
+        assert_eq!(e["max_attempts"], 4);
+        assert_eq!(e["payload"], json!({"user": 7}));
+    }
+    // beta gets only the every-tenant copy; acme's token cannot emit for it.
+    let (status, _) = h
+        .call(
+            Method::POST,
+            "/v1/tenants/beta/topics/user.signup/events",
+            Some(ACME),
+            Some(body.clone()),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, v) = h
+        .call(
+            Method::POST,
+            "/v1/tenants/beta/topics/user.signup/events",
+            Some(BETA),
+            Some(body.clone()),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    assert_eq!(v["events"].as_array().unwrap().len(), 1);
+    // The listing: the operator sees all, a tenant its own and every tenant's.
+    let (_, v) = h
+        .call(Method::GET, "/v1/topics", Some(OPERATOR), None)
+        .await;
+    assert_eq!(
+        v["subscriptions"],
+        json!([
+            {"tenant": null, "topic": "user.signup", "handler": "welcome"},
+            {"tenant": "acme", "topic": "user.signup", "handler": "crm"},
+        ])
+    );
+    let (_, v) = h.call(Method::GET, "/v1/topics", Some(BETA), None).await;
+    assert_eq!(v["subscriptions"].as_array().unwrap().len(), 1, "{v}");
+    // Bad input: an unknown field, a bad delay.
+    let (status, v) = h
+        .call(
+            Method::POST,
+            emit,
+            Some(ACME),
+            Some(json!({"payload": 1, "handler": "x"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    let (status, v) = h
+        .call(
+            Method::POST,
+            emit,
+            Some(ACME),
+            Some(json!({"payload": 1, "delay": "soon"})),
+        )
+        .await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("invalid_delay"))
+    );
+    // Unsubscribe both: the topic has no subscriber again.
+    let (_, v) = h.call(Method::DELETE, own, Some(ACME), None).await;
+    assert_eq!(v, json!({"removed": true}));
+    let (_, v) = h.call(Method::DELETE, all, Some(OPERATOR), None).await;
+    assert_eq!(v, json!({"removed": true}));
+    let (_, v) = h.call(Method::DELETE, all, Some(OPERATOR), None).await;
+    assert_eq!(v, json!({"removed": false}));
+    let (status, v) = h.call(Method::POST, emit, Some(ACME), Some(body)).await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("no_subscribers"))
+    );
+    // Three copies stored in all: acme's two and beta's one.
+    let (_, page) = h
+        .call(Method::GET, "/v1/events", Some(OPERATOR), None)
+        .await;
+    assert_eq!(page["events"].as_array().unwrap().len(), 3, "{page}");
 }

@@ -104,6 +104,10 @@ impl From<ClientError> for ApiError {
             ClientError::NotJson(m) => {
                 ApiError::bad_request("malformed_json", format!("payload is not valid JSON: {m}"))
             }
+            ClientError::NoSubscribers { .. } => ApiError::invalid(
+                "no_subscribers",
+                format!("{e}: an event nobody runs would be lost; subscribe a handler first (PUT /v1/topics/{{topic}}/subscribers/{{handler}})"),
+            ),
             ClientError::Store(s) => ApiError::from(s),
         }
     }

@@ -56,6 +56,7 @@ pub(super) struct BatchBody {
     events: Vec<EmitBody>,
 }
 
+/// What one emit stored: the id and whether it is new.
 #[derive(Serialize)]
 pub(super) struct EmitResult {
     id: EventId,

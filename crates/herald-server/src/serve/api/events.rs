@@ -39,6 +39,8 @@ pub(super) struct EventView {
     #[serde(skip_serializing_if = "Option::is_none")]
     errors: Option<Vec<ErrorView>>,
     idempotency_key: Option<String>,
+    /// The topic it was emitted to; `null` for a direct emit.
+    topic: Option<String>,
     created_at: String,
     updated_at: String,
 }
@@ -73,6 +75,7 @@ impl From<Event> for EventView {
             last_error: e.last_error,
             errors: None,
             idempotency_key: e.idempotency_key,
+            topic: e.topic,
             created_at: time(e.created_at),
             updated_at: time(e.updated_at),
         }

@@ -21,11 +21,16 @@ mod emit;
 mod events;
 mod rules;
 mod stats;
+mod topics;
 
 use emit::{emit, emit_batch};
 use events::{delete_event, list_events, retry_event, show_event};
 use rules::{block, pause, rules, unblock, unpause};
 use stats::{metrics, openapi, stats};
+use topics::{
+    emit_topic, list_topics, subscribe_all, subscribe_tenant, tenant_subscribers, unsubscribe_all,
+    unsubscribe_tenant,
+};
 
 /// The OpenAPI document, served at `/openapi.json`.
 pub const OPENAPI: &str = include_str!("openapi.json");
@@ -110,6 +115,22 @@ fn routes() -> Routes {
         .put("/v1/tenants/{tenant}/handlers/{handler}/block", block)
         .delete("/v1/tenants/{tenant}/handlers/{handler}/block", unblock)
         .get("/v1/rules", rules)
+        .post("/v1/tenants/{tenant}/topics/{topic}/events", emit_topic)
+        .get(
+            "/v1/tenants/{tenant}/topics/{topic}/subscribers",
+            tenant_subscribers,
+        )
+        .put(
+            "/v1/tenants/{tenant}/topics/{topic}/subscribers/{handler}",
+            subscribe_tenant,
+        )
+        .delete(
+            "/v1/tenants/{tenant}/topics/{topic}/subscribers/{handler}",
+            unsubscribe_tenant,
+        )
+        .get("/v1/topics", list_topics)
+        .put("/v1/topics/{topic}/subscribers/{handler}", subscribe_all)
+        .delete("/v1/topics/{topic}/subscribers/{handler}", unsubscribe_all)
         .get("/v1/stats", stats)
         .get("/metrics", metrics)
         .get("/openapi.json", openapi)
