@@ -225,10 +225,17 @@ async fn a_topic_emit_in_a_transaction_runs_after_the_commit_and_not_after_a_rol
         .await
         .unwrap();
     let id = done.outcome().events[0].emitted.id();
-    assert_eq!(
-        r.store.get(id).await.unwrap().unwrap().topic.as_deref(),
-        Some("user.signup")
-    );
+    // Inside the transaction it is there, with its topic; outside, not yet.
+    let topic: Option<String> = sqlx::query_scalar(&format!(
+        "SELECT topic FROM \"{}\".events WHERE id = $1",
+        r.store.schema()
+    ))
+    .bind(id.0)
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(topic.as_deref(), Some("user.signup"));
+    assert_eq!(r.store.get(id).await.unwrap(), None);
     tx.commit().await.unwrap();
     r.client.notify_topic(&done).await;
     let ledger = r.ledger.clone();
