@@ -41,6 +41,10 @@ enum Command {
     Unblock(cli::rules::RuleArgs),
     /// Show event counts, what holds each handler, and recent throughput.
     Stats(cli::stats::StatsArgs),
+    /// Emit to a topic (one event per subscribed handler) and manage its
+    /// subscribers on a running server.
+    #[command(subcommand)]
+    Topics(cli::topics::TopicsCommand),
     /// The run watchdog that `herald serve` starts for itself (internal):
     /// kills the process groups named on its command line and on stdin
     /// (`+PGID` / `-PGID` lines) when stdin closes.
@@ -101,6 +105,7 @@ fn main() -> std::process::ExitCode {
             Command::Block(args) => exit(rule(Kind::Block, true, args).await),
             Command::Unblock(args) => exit(rule(Kind::Block, false, args).await),
             Command::Stats(args) => exit(cli::stats::run(args).await),
+            Command::Topics(command) => exit(cli::topics::run(command).await),
             Command::WatchRuns { .. } => unreachable!("run before the runtime"),
         }
     });

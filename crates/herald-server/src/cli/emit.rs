@@ -45,11 +45,9 @@ struct Body<'a> {
     idempotency_key: Option<&'a str>,
 }
 
-/// Emits the event and prints its id, followed by ` existing` when the
-/// idempotency key already named an event.
-pub async fn run(args: EmitArgs) -> Result<(), Failure> {
-    let api = Api::new(&args.remote)?;
-    let text = match args.payload.as_deref() {
+/// The payload argument: JSON text, `-` for stdin, `{}` when left out.
+pub(super) fn read_payload(arg: Option<&str>) -> Result<String, Failure> {
+    Ok(match arg {
         None => "{}".to_string(),
         Some("-") => {
             let mut s = String::new();
@@ -59,15 +57,27 @@ pub async fn run(args: EmitArgs) -> Result<(), Failure> {
             s
         }
         Some(text) => text.to_string(),
-    };
-    let payload: &RawValue = serde_json::from_str(text.trim()).map_err(|e| {
+    })
+}
+
+/// Checks the payload as JSON before anything is sent.
+pub(super) fn parse_payload(text: &str) -> Result<&RawValue, Failure> {
+    serde_json::from_str(text.trim()).map_err(|e| {
         Failure::new(
             exit::USAGE,
             format!(
                 "the payload is not valid JSON: {e}; quote it for the shell, e.g. '{{\"to\": \"a@b.c\"}}'"
             ),
         )
-    })?;
+    })
+}
+
+/// Emits the event and prints its id, followed by ` existing` when the
+/// idempotency key already named an event.
+pub async fn run(args: EmitArgs) -> Result<(), Failure> {
+    let api = Api::new(&args.remote)?;
+    let text = read_payload(args.payload.as_deref())?;
+    let payload: &RawValue = parse_payload(&text)?;
     let body = Body {
         tenant: &args.tenant,
         handler: &args.handler,

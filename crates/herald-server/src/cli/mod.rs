@@ -8,6 +8,7 @@ pub mod emit;
 pub mod events;
 pub mod rules;
 pub mod stats;
+pub mod topics;
 
 use std::io::Write;
 use std::time::Duration;
