@@ -170,6 +170,15 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
     let upkeep = telemetry::spawn_upkeep(metrics.clone());
     let mut signals = Signals::new().map_err(ServeError::Signals)?;
     let store = open_store(&config).await?;
+    // The file's subscriptions replace those an earlier start took from
+    // it; the API's stay.
+    let synced = store.sync_subscriptions(&config.subscriptions).await?;
+    tracing::info!(
+        declared = config.subscriptions.len(),
+        added = synced.added,
+        removed = synced.removed,
+        "subscriptions from the configuration applied"
+    );
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|reason| ServeError::Listen {

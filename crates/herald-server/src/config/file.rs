@@ -38,6 +38,19 @@ pub(super) struct FileConfig {
     pub(super) auth: AuthSection,
     #[serde(default)]
     pub(super) handlers: BTreeMap<String, toml::Value>,
+    /// `[[subscriptions]]`: handlers subscribed to topics.
+    #[serde(default)]
+    pub(super) subscriptions: Vec<SubscriptionSection>,
+}
+
+/// One `[[subscriptions]]` entry.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SubscriptionSection {
+    pub(super) topic: String,
+    pub(super) handler: String,
+    /// Left out: every tenant.
+    pub(super) tenant: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

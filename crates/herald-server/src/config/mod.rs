@@ -180,6 +180,10 @@ pub struct ServeConfig {
     pub auth: AuthConfig,
     /// `[handlers.NAME]` tables, as written, for [`crate::serve::build_handlers`].
     pub handlers: BTreeMap<String, toml::Value>,
+    /// `[[subscriptions]]`: applied to the store at start, replacing the
+    /// subscriptions an earlier start took from the file
+    /// ([`herald::Store::sync_subscriptions`]).
+    pub subscriptions: Vec<herald::Subscription>,
     /// The file the configuration was read from, if any.
     pub file: Option<PathBuf>,
 }

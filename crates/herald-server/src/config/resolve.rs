@@ -43,6 +43,17 @@ pub(super) fn resolve(mut raw: FileConfig, origins: &Origins) -> Result<ServeCon
         herald::client::check_name("handler", name)
             .map_err(|e| err(&format!("handlers.{name}"), e.to_string()))?;
     }
+    let mut subscriptions = Vec::with_capacity(raw.subscriptions.len());
+    for (i, s) in std::mem::take(&mut raw.subscriptions).into_iter().enumerate() {
+        let subscription = herald::Subscription {
+            tenant: s.tenant,
+            topic: s.topic,
+            handler: s.handler,
+        };
+        herald::client::check_subscription(&subscription)
+            .map_err(|e| err(&format!("subscriptions[{i}]"), e.to_string()))?;
+        subscriptions.push(subscription);
+    }
     Ok(ServeConfig {
         store,
         pg_schema,
@@ -60,6 +71,7 @@ pub(super) fn resolve(mut raw: FileConfig, origins: &Origins) -> Result<ServeCon
         shutdown_grace,
         auth,
         handlers: raw.handlers,
+        subscriptions,
         file: None,
     })
 }

@@ -799,3 +799,42 @@ fn notification_limits_apply_to_every_queue_and_unusable_ones_are_refused() {
         assert!(m.contains(says), "{file}: {m}");
     }
 }
+
+#[test]
+fn subscriptions_are_read_and_their_names_checked() {
+    let c = load_with(
+        Some(
+            r#"
+[[subscriptions]]
+topic = "user.signup"
+handler = "send_welcome"
+[[subscriptions]]
+topic = "user.signup"
+handler = "crm"
+tenant = "acme"
+"#,
+        ),
+        &[],
+        Overrides::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        c.subscriptions,
+        vec![
+            herald::Subscription::every_tenant("user.signup", "send_welcome"),
+            herald::Subscription::for_tenant("acme", "user.signup", "crm"),
+        ]
+    );
+    let m = message(load_with(
+        Some("[[subscriptions]]\ntopic = \"\"\nhandler = \"h\"\n"),
+        &[],
+        Overrides::default(),
+    ));
+    assert!(m.contains("subscriptions[0]") && m.contains("topic"), "{m}");
+    let m = message(load_with(
+        Some("[[subscriptions]]\ntopic = \"t\"\nhandler = \"h\"\nkind = \"x\"\n"),
+        &[],
+        Overrides::default(),
+    ));
+    assert!(m.contains("kind"), "{m}");
+}
