@@ -21,6 +21,11 @@ use common::herald;
 /// for `acme`, a no-op handler `work` and a command handler `fail`
 /// that fails for good. Handler `held` is not run here: its events stay.
 fn start_server(dir: &Path) -> Server {
+    start_server_with(dir, "")
+}
+
+/// [`start_server`] with `extra` appended to its herald.toml.
+fn start_server_with(dir: &Path, extra: &str) -> Server {
     let config = dir.join("herald.toml");
     std::fs::write(
         &config,
@@ -40,10 +45,12 @@ kind = "command"
 program = "/bin/sh"
 args = ["-c", "echo broken >&2; exit 3"]
 fail_exit_code = 3
+{}
 "#,
             dir.join("events.db").display(),
             sha256_hex(OP_TOKEN),
-            sha256_hex(ACME_TOKEN)
+            sha256_hex(ACME_TOKEN),
+            extra
         ),
     )
     .unwrap();
@@ -618,4 +625,88 @@ fn help_documents_the_exit_statuses() {
             "{command} not in\n{help}"
         );
     }
+}
+
+#[test]
+fn topics_from_the_file_and_the_cli_fan_out_and_the_file_s_go_when_it_drops_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let declared = "[[subscriptions]]\ntopic = \"user.signup\"\nhandler = \"work\"\n";
+    let server = start_server_with(dir.path(), declared);
+    let cli = Cli {
+        dir: dir.path(),
+        server: &server,
+    };
+    let list = cli.run(&["topics", "list"]);
+    assert!(
+        list.ok().contains("user.signup") && list.stdout.contains("work"),
+        "{}",
+        list.stdout
+    );
+    // A tenant subscribes its own handler; every tenant's is the operator's.
+    let own = cli.token(
+        ACME_TOKEN,
+        &[
+            "topics",
+            "subscribe",
+            "user.signup",
+            "held",
+            "--tenant",
+            "acme",
+        ],
+    );
+    assert!(own.ok().contains("subscribed"), "{}", own.stdout);
+    let all = cli.token(ACME_TOKEN, &["topics", "subscribe", "user.signup", "held"]);
+    assert_eq!(all.code, 5, "{}", all.stderr);
+    let subs = cli.run(&["topics", "subscribers", "acme", "user.signup"]);
+    assert_eq!(subs.ok().lines().collect::<Vec<_>>(), ["held", "work"]);
+    // The emit: one event per subscriber; the held one stays, with its topic.
+    let out = cli.token(
+        ACME_TOKEN,
+        &[
+            "topics",
+            "emit",
+            "acme",
+            "user.signup",
+            r#"{"user":7}"#,
+            "--json",
+        ],
+    );
+    let v = out.json();
+    let copies = v["events"].as_array().unwrap();
+    assert_eq!(copies.len(), 2, "{v}");
+    let held = copies.iter().find(|c| c["handler"] == "held").unwrap();
+    let e = cli.show(held["id"].as_str().unwrap());
+    assert_eq!(e["topic"], "user.signup", "{e}");
+    assert_eq!(e["payload"], serde_json::json!({"user": 7}));
+    let table = cli.run(&["topics", "emit", "acme", "user.signup"]);
+    assert!(table.ok().starts_with("HANDLER"), "{}", table.stdout);
+    // No subscriber: exit 2, the server's message, nothing stored.
+    let none = cli.run(&["topics", "emit", "acme", "nobody.listens"]);
+    assert_eq!(none.code, 2, "{}", none.stderr);
+    assert!(
+        none.stderr.contains("no_subscribers") || none.stderr.contains("no handler is subscribed"),
+        "{}",
+        none.stderr
+    );
+    // Restarted without the file's subscription: it goes, the CLI's stays.
+    drop(server);
+    let server = start_server(dir.path());
+    let cli = Cli {
+        dir: dir.path(),
+        server: &server,
+    };
+    let v = cli.run(&["topics", "list", "--json"]).json();
+    assert_eq!(
+        v["subscriptions"],
+        serde_json::json!([{"tenant": "acme", "topic": "user.signup", "handler": "held"}])
+    );
+    let gone = cli.run(&[
+        "topics",
+        "unsubscribe",
+        "user.signup",
+        "held",
+        "--tenant",
+        "acme",
+    ]);
+    assert!(gone.ok().contains("unsubscribed"), "{}", gone.stdout);
 }

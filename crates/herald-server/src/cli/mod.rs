@@ -35,10 +35,11 @@ pub mod exit {
 
 /// The exit-status table shown by `herald --help`.
 pub const EXIT_HELP: &str = "\
-Exit status of emit, events, pause, unpause, block, unblock and stats:
+Exit status of emit, events, pause, unpause, block, unblock, stats and topics:
   0  success
   1  other error (unexpected answer, unreadable stdin)
-  2  usage error or bad input (bad arguments, payload not JSON; HTTP 400, 413, 415, 422)
+  2  usage error or bad input (bad arguments, payload not JSON, a topic without
+     subscribers; HTTP 400, 413, 415, 422)
   3  not found (HTTP 404)
   4  conflict: event not dead (retry), running (rm) (HTTP 409)
   5  auth: missing, unknown or insufficient token (HTTP 401, 403)

@@ -44,7 +44,10 @@ pub(super) fn resolve(mut raw: FileConfig, origins: &Origins) -> Result<ServeCon
             .map_err(|e| err(&format!("handlers.{name}"), e.to_string()))?;
     }
     let mut subscriptions = Vec::with_capacity(raw.subscriptions.len());
-    for (i, s) in std::mem::take(&mut raw.subscriptions).into_iter().enumerate() {
+    for (i, s) in std::mem::take(&mut raw.subscriptions)
+        .into_iter()
+        .enumerate()
+    {
         let subscription = herald::Subscription {
             tenant: s.tenant,
             topic: s.topic,
