@@ -109,6 +109,9 @@ kind = "command"
 program = "/bin/sh"
 args = ["-c", "echo 'smtp.example.com:25: connection refused' >&2; exit 3"]
 fail_exit_code = 3
+[[subscriptions]]
+topic = "user.signup"
+handler = "flaky"
 "#,
             db.display(),
             sha256_hex(OP_TOKEN),

@@ -102,6 +102,12 @@ try {
   check(!state.includes("running"), `acme/flaky still has a "running" badge: ${cells}`);
   check(!state.includes("not run by this server"), `acme/flaky is run by this server: ${cells}`);
 
+  begin("the topics section lists the subscription from herald.toml");
+  const sub = page.locator(`tr[data-testid="subscription-row"]`).filter({ hasText: "user.signup" });
+  await sub.waitFor();
+  const subCells = await sub.locator("td").allTextContents();
+  check(subCells[2] === FLAKY && subCells[1].includes("every tenant"), `the topics row shows ${JSON.stringify(subCells)}`);
+
   begin("pause acme/flaky through the page");
   await row.locator('button[data-action="pause"]').click();
   await row.getByTestId("badge-paused").waitFor();

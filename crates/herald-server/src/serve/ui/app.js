@@ -134,15 +134,17 @@ async function refresh() {
   if (refreshing) return;
   refreshing = true;
   try {
-    const [stats, rules, dead] = await Promise.allSettled([
+    const [stats, rules, dead, topics] = await Promise.allSettled([
       api("GET", "/v1/stats"),
       api("GET", "/v1/rules"),
       api("GET", "/v1/events?state=dead&limit=200"),
+      api("GET", "/v1/topics"),
     ]);
     const errors = [];
     if (stats.status === "rejected") errors.push({ what: "GET /v1/stats", error: stats.reason });
     if (rules.status === "rejected") errors.push({ what: "GET /v1/rules", error: rules.reason });
     if (dead.status === "rejected") errors.push({ what: "GET /v1/events?state=dead", error: dead.reason });
+    if (topics.status === "rejected") errors.push({ what: "GET /v1/topics", error: topics.reason });
     showErrors("refresh", errors);
     const needsToken = errors.some((e) => e.error && e.error.status === 401);
     showTokenState(needsToken);
@@ -158,7 +160,12 @@ async function refresh() {
     if (dead.status === "fulfilled") {
       renderDead(dead.value);
     } else {
-      renderUnavailable("dead-body", 7, "dead events unavailable: see the error above");
+      renderUnavailable("dead-body", 8, "dead events unavailable: see the error above");
+    }
+    if (topics.status === "fulfilled") {
+      renderTopics(topics.value.subscriptions);
+    } else {
+      renderUnavailable("topics-body", 3, "topics unavailable: see the error above");
     }
     if (errors.length === 0) {
       lastOk = new Date();
@@ -282,7 +289,7 @@ function renderDead(page) {
   const tbody = $("dead-body");
   $("dead-note").textContent = page.next ? `(showing the first ${page.events.length}; there are more)` : `(${page.events.length})`;
   if (page.events.length === 0) {
-    tbody.replaceChildren(row([cell("no dead events", "empty", 7)]));
+    tbody.replaceChildren(row([cell("no dead events", "empty", 8)]));
     return;
   }
   tbody.replaceChildren(...page.events.map((e) => {
@@ -298,6 +305,7 @@ function renderDead(page) {
       cell(e.id, "mono"),
       cell(e.tenant, "mono"),
       cell(e.handler, "mono"),
+      cell(e.topic == null ? "" : e.topic, "mono"),
       cell(`${e.attempt}/${e.max_attempts}`, "num"),
       cell(e.updated_at, "mono"),
       cell(err, "err"),
@@ -305,6 +313,27 @@ function renderDead(page) {
     ]);
     tr.dataset.id = e.id;
     tr.dataset.testid = "dead-row";
+    return tr;
+  }));
+}
+
+// ---- topics ------------------------------------------------------------
+
+function renderTopics(subscriptions) {
+  const tbody = $("topics-body");
+  const topics = new Set(subscriptions.map((s) => s.topic));
+  $("topics-note").textContent = `(${topics.size} topic${topics.size === 1 ? "" : "s"}, ${subscriptions.length} subscription${subscriptions.length === 1 ? "" : "s"})`;
+  if (subscriptions.length === 0) {
+    tbody.replaceChildren(row([cell("no subscriptions: emits to a topic are refused until a handler subscribes", "empty", 3)]));
+    return;
+  }
+  tbody.replaceChildren(...subscriptions.map((s) => {
+    const tr = row([
+      cell(s.topic, "mono"),
+      s.tenant == null ? cell(badge("unheld", "every tenant")) : cell(s.tenant, "mono"),
+      cell(s.handler, "mono"),
+    ]);
+    tr.dataset.testid = "subscription-row";
     return tr;
   }));
 }
