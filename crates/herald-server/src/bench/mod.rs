@@ -1,7 +1,8 @@
 //! `herald bench`: herald's own benchmarks on the store and queue that
 //! `herald serve` would use, with the worker settings of its `herald.toml`
 //! and `HERALD_…` variables: a no-op drain (with a backlog of delayed or
-//! paused events), emit-to-start latency at fixed rates, emit throughput,
+//! paused events), emit-to-start latency at fixed rates, emit throughput
+//! (direct, and to topics of many subscribers),
 //! an idle worker, a long horizon at one rate, and rescue after SIGKILL. A progress bar on stderr, the results as JSON (the
 //! last line on stdout, and `--out`), the latency curve as SVG (`--chart`).
 //!
@@ -22,6 +23,7 @@ pub mod long_horizon;
 pub mod report;
 pub mod rescue;
 mod setup;
+pub mod topic;
 
 use std::path::PathBuf;
 
@@ -46,6 +48,9 @@ pub enum Scenario {
     Latency(latency::LatencyArgs),
     /// Emit throughput: single emits (32 at a time), then batches.
     Emit(emit::EmitArgs),
+    /// Topic emit throughput: events stored per second by topic emits to
+    /// topics of 1, 10 and 100 subscribers (`--subscribers`).
+    Topic(topic::TopicArgs),
     /// Offer single emits at one rate for many minutes to a handler that
     /// works a millisecond: latency per window over time.
     LongHorizon(long_horizon::LongHorizonArgs),
@@ -153,6 +158,7 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
         Scenario::Drain(a) => drain::run(a).await?,
         Scenario::Latency(a) => latency::run(a).await?,
         Scenario::Emit(a) => emit::run(a).await?,
+        Scenario::Topic(a) => topic::run(a).await?,
         Scenario::Idle(a) => idle::run(a).await?,
         Scenario::LongHorizon(a) => long_horizon::run(a).await?,
         Scenario::Rescue(a) => rescue::run(a).await?,

@@ -16,7 +16,7 @@ pub struct Report {
     pub system: String,
     /// herald's version.
     pub version: String,
-    /// `drain`, `latency`, `emit`, `idle`, `long-horizon` or `rescue`.
+    /// `drain`, `latency`, `emit`, `topic`, `idle`, `long-horizon` or `rescue`.
     pub scenario: String,
     /// `sqlite` or `postgres`.
     pub store: String,
@@ -86,6 +86,9 @@ pub struct Report {
     /// Rescue, rescuer: how long it waited at most, seconds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_s: Option<f64>,
+    /// Topic: one entry per subscriber count.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub topics: Vec<super::topic::TopicPoint>,
     /// This process's CPU over the timed phase, ms.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub process_cpu_ms: Option<f64>,
