@@ -98,6 +98,7 @@ async fn fill(store: &dyn Store, args: &Args) {
             },
             max_attempts: 10,
             idempotency_key: None,
+            topic: None,
         });
         if batch.len() == batch.capacity() || i + 1 == args.events {
             store.emit(&batch).await.expect("emit");

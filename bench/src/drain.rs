@@ -274,6 +274,7 @@ async fn main() {
                     run_at,
                     max_attempts: 10,
                     idempotency_key: None,
+                    topic: None,
                 })
                 .collect();
             store.emit(&batch).await.expect("emit paused");

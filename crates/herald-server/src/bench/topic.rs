@@ -58,7 +58,7 @@ pub struct TopicPoint {
 }
 
 pub(super) async fn run(args: TopicArgs) -> Result<Report, BenchError> {
-    if args.subscribers.iter().any(|&n| n == 0) {
+    if args.subscribers.contains(&0) {
         return Err(BenchError::Usage(
             "--subscribers: every count must be at least 1 (a topic without subscribers refuses emits)".into(),
         ));
