@@ -44,6 +44,16 @@ impl Caller {
         }
     }
 
+    /// Refuses anyone but the operator, saying what a tenant can do instead.
+    pub fn must_be_operator_or(&self, what: &str, instead: &str) -> Result<(), ApiError> {
+        match self {
+            Caller::Operator => Ok(()),
+            Caller::Tenant(_) => Err(ApiError::forbidden(format!(
+                "only the operator token may {what}; {instead}"
+            ))),
+        }
+    }
+
     /// The tenant a tenant token is limited to; `None` for the operator.
     pub fn tenant(&self) -> Option<&str> {
         match self {

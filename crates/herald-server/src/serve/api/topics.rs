@@ -140,7 +140,10 @@ pub(super) async fn subscribe_all(
     caller: Caller,
     PathParams((topic, handler)): PathParams<(String, String)>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    caller.must_be_operator("subscribe a handler for every tenant")?;
+    caller.must_be_operator_or(
+        "subscribe a handler for every tenant",
+        "a tenant changes its own under /v1/tenants/{tenant}/topics/{topic}/subscribers/{handler}",
+    )?;
     change(&s, Subscription::every_tenant(topic, handler), true).await
 }
 
@@ -150,7 +153,10 @@ pub(super) async fn unsubscribe_all(
     caller: Caller,
     PathParams((topic, handler)): PathParams<(String, String)>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    caller.must_be_operator("unsubscribe a handler of every tenant")?;
+    caller.must_be_operator_or(
+        "unsubscribe a handler of every tenant",
+        "a tenant changes its own under /v1/tenants/{tenant}/topics/{topic}/subscribers/{handler}",
+    )?;
     change(&s, Subscription::every_tenant(topic, handler), false).await
 }
 
