@@ -13,6 +13,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0003_bounded_plans.sql"),
     include_str!("../migrations/0004_id_key.sql"),
     include_str!("../migrations/0005_ring.sql"),
+    include_str!("../migrations/0006_schedules.sql"),
 ];
 
 /// The newest schema version this build knows.

@@ -12,6 +12,7 @@ use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension};
 const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0001_init.sql"),
     include_str!("../migrations/0002_error_history.sql"),
+    include_str!("../migrations/0003_schedules.sql"),
 ];
 
 /// The newest schema version this build knows.

@@ -365,6 +365,99 @@ impl Schedule {
     }
 }
 
+/// A schedule's stored columns, as both backends write and read them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScheduleRow {
+    /// Tenant.
+    pub tenant: String,
+    /// Name.
+    pub name: String,
+    /// Handler.
+    pub handler: String,
+    /// The cron expression, or NULL.
+    pub cron: Option<String>,
+    /// The interval in ms, or NULL.
+    pub every_ms: Option<i64>,
+    /// The IANA zone name.
+    pub timezone: String,
+    /// JSON text.
+    pub payload: String,
+    /// Attempts.
+    pub max_attempts: i64,
+    /// `skip`, `once` or `each`.
+    pub missed: String,
+    /// The cap of `each`.
+    pub missed_cap: Option<i64>,
+    /// Paused.
+    pub paused: bool,
+    /// `config` or `api`.
+    pub source: String,
+    /// The cursor.
+    pub next_at: i64,
+    /// The last occurrence emitted.
+    pub last_occurrence: Option<i64>,
+    /// Its event.
+    pub last_event_id: Option<EventId>,
+}
+
+impl ScheduleRow {
+    /// The columns of `s`.
+    pub fn of(s: &Schedule) -> Self {
+        let (cron, every_ms) = s.cadence.columns();
+        let (missed, missed_cap) = s.missed.columns();
+        ScheduleRow {
+            tenant: s.tenant.clone(),
+            name: s.name.clone(),
+            handler: s.handler.clone(),
+            cron: cron.map(str::to_string),
+            every_ms,
+            timezone: s.timezone.name().to_string(),
+            payload: s.payload.clone(),
+            max_attempts: i64::from(s.max_attempts),
+            missed: missed.to_string(),
+            missed_cap,
+            paused: s.paused,
+            source: s.source.as_str().to_string(),
+            next_at: s.next_at.0,
+            last_occurrence: s.last.map(|l| l.occurrence.0),
+            last_event_id: s.last.map(|l| l.event_id),
+        }
+    }
+
+    /// The schedule these columns hold.
+    pub fn into_schedule(self) -> Result<Schedule, ScheduleError> {
+        let timezone = self.timezone.parse::<Tz>().map_err(|_| {
+            ScheduleError::invalid("timezone", format!("{:?} is not a zone", self.timezone))
+        })?;
+        let source = ScheduleSource::parse(&self.source).ok_or_else(|| {
+            ScheduleError::invalid("source", format!("{:?} is not a source", self.source))
+        })?;
+        let max_attempts = u32::try_from(self.max_attempts)
+            .map_err(|_| ScheduleError::invalid("max_attempts", "out of range"))?;
+        let last = match (self.last_occurrence, self.last_event_id) {
+            (Some(at), Some(id)) => Some(LastFired {
+                occurrence: Millis(at),
+                event_id: id,
+            }),
+            _ => None,
+        };
+        Ok(Schedule {
+            cadence: Cadence::from_columns(self.cron.as_deref(), self.every_ms)?,
+            missed: Missed::from_columns(&self.missed, self.missed_cap)?,
+            tenant: self.tenant,
+            name: self.name,
+            handler: self.handler,
+            timezone,
+            payload: self.payload,
+            max_attempts,
+            paused: self.paused,
+            source,
+            next_at: Millis(self.next_at),
+            last,
+        })
+    }
+}
+
 /// The idempotency key of an occurrence's event.
 pub fn occurrence_key(name: &str, at: Millis) -> String {
     format!("schedule:{name}:{}", at.0)

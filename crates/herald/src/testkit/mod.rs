@@ -322,6 +322,10 @@ macro_rules! store_suite {
             counts_by_tenant_handler_and_state,
             counts_tell_waiting_running_delayed_held_dead_and_done_apart,
             counts_beyond_the_cap_are_estimated_and_add_up,
+            schedules_put_get_list_pause_and_delete,
+            due_schedules_are_unpaused_and_judged_by_the_store_clock,
+            two_concurrent_fires_of_one_cursor_have_one_winner,
+            a_cursor_far_in_the_past_follows_the_missed_policy,
         );
     };
     (@tests $make:path; $($name:ident),* $(,)?) => {

@@ -23,6 +23,7 @@ mod leaders;
 mod reads;
 mod retention;
 mod rules;
+mod schedules;
 mod settle;
 mod sweep;
 
@@ -33,6 +34,7 @@ pub use leaders::*;
 pub use reads::*;
 pub use retention::*;
 pub use rules::*;
+pub use schedules::*;
 pub use settle::*;
 pub use sweep::*;
 // Its claim parity scenario lives with the other parity checks.
