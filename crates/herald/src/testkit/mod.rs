@@ -228,6 +228,7 @@ macro_rules! engine_suite {
             concurrent_emits_of_one_key_store_one_event,
             a_refused_emit_fails_only_itself_in_a_group,
             dead_event_can_be_retried,
+            a_schedule_fires_every_occurrence_once_across_a_leader_change,
         );
     };
     (@tests $make:path, $queue:tt; $($name:ident),* $(,)?) => {

@@ -15,6 +15,7 @@ mod messages;
 mod reconcile;
 mod rules;
 mod runs;
+mod schedules;
 mod shutdown;
 
 // The suite macro names every scenario as `engine::<name>`.
@@ -26,6 +27,7 @@ pub use messages::*;
 pub use reconcile::*;
 pub use rules::*;
 pub use runs::*;
+pub use schedules::*;
 pub use shutdown::*;
 
 use std::any::Any;
