@@ -14,7 +14,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone};
-use chrono_tz::Tz;
+pub use chrono_tz::Tz;
 use serde_json::value::RawValue;
 
 use crate::client::{check_name, DEFAULT_MAX_PAYLOAD};

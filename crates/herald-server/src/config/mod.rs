@@ -180,6 +180,9 @@ pub struct ServeConfig {
     pub auth: AuthConfig,
     /// `[handlers.NAME]` tables, as written, for [`crate::serve::build_handlers`].
     pub handlers: BTreeMap<String, toml::Value>,
+    /// `[[schedules]]`, checked (docs/schedules.md): applied on start and
+    /// on SIGHUP.
+    pub schedules: Vec<herald::schedule::ScheduleDef>,
     /// The file the configuration was read from, if any.
     pub file: Option<PathBuf>,
 }
