@@ -121,7 +121,11 @@ every = "1s"
     std::thread::sleep(Duration::from_secs(3));
     // SIGKILL the leader; the other takes over once its lease lapses.
     let first = leader(&[&a, &b]);
-    let (dead, alive) = if first == 0 { (&mut a, &b) } else { (&mut b, &a) };
+    let (dead, alive) = if first == 0 {
+        (&mut a, &b)
+    } else {
+        (&mut b, &a)
+    };
     kill9(dead);
     let killed_at = Instant::now();
     let start = Instant::now();
@@ -148,7 +152,10 @@ every = "1s"
     let times: Vec<i64> = ledger.keys().copied().collect();
     assert!(times.len() >= 12, "{} occurrences: {times:?}", times.len());
     let twice: Vec<(&i64, &usize)> = ledger.iter().filter(|(_, n)| **n != 1).collect();
-    assert!(twice.is_empty(), "occurrences emitted more than once: {twice:?}");
+    assert!(
+        twice.is_empty(),
+        "occurrences emitted more than once: {twice:?}"
+    );
     let gaps: Vec<i64> = times
         .windows(2)
         .filter(|w| w[1] - w[0] != 1000)
