@@ -79,7 +79,8 @@ impl ScheduleError {
 #[derive(Clone, Debug)]
 pub struct CronExpr {
     text: String,
-    cron: croner::Cron,
+    // Boxed: a parsed pattern is large beside an interval.
+    cron: Box<croner::Cron>,
 }
 
 impl PartialEq for CronExpr {
@@ -101,7 +102,7 @@ impl CronExpr {
         })?;
         Ok(CronExpr {
             text: text.to_string(),
-            cron,
+            cron: Box::new(cron),
         })
     }
 
