@@ -169,3 +169,92 @@ every = "1s"
         takeover
     );
 }
+
+/// The names and cadences of the schedules `GET /v1/schedules` lists.
+async fn listed(s: &Server) -> Vec<(String, String, String)> {
+    let v: serde_json::Value = reqwest::get(s.url("/v1/schedules"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["schedules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let cadence = s["cron"].as_str().or(s["every"].as_str()).unwrap_or("-");
+            (
+                s["name"].as_str().unwrap().to_string(),
+                cadence.to_string(),
+                s["source"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// herald.toml's schedules are applied on start and on SIGHUP: a changed
+/// one is rewritten, one gone from the file is deleted, the API's are left
+/// alone, and a refused file changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_applies_the_files_schedules_and_leaves_the_apis() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("herald.toml");
+    let write = |schedules: &str| {
+        std::fs::write(
+            &config,
+            format!(
+                "store = \"sqlite://{}\"\nlisten = \"127.0.0.1:0\"\n{schedules}",
+                dir.path().join("herald.db").display()
+            ),
+        )
+        .unwrap()
+    };
+    let one = |name: &str, cadence: &str| {
+        format!("[[schedules]]\ntenant = \"acme\"\nname = \"{name}\"\nhandler = \"h\"\n{cadence}\n")
+    };
+    write(&format!(
+        "{}{}",
+        one("a", "every = \"1h\""),
+        one("b", "cron = \"0 0 * * *\"")
+    ));
+    let s = serve(dir.path(), &config);
+    let r = reqwest::Client::new()
+        .put(s.url("/v1/tenants/acme/schedules/mine"))
+        .json(&serde_json::json!({"handler": "h", "every": "1m"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let t = |n: &str, c: &str, src: &str| (n.to_string(), c.to_string(), src.to_string());
+    assert_eq!(
+        listed(&s).await,
+        [
+            t("a", "1h", "config"),
+            t("b", "0 0 * * *", "config"),
+            t("mine", "1m", "api")
+        ]
+    );
+    write(&one("a", "every = \"2h\""));
+    s.signal("-HUP");
+    let start = Instant::now();
+    let want = [t("a", "2h", "config"), t("mine", "1m", "api")];
+    while listed(&s).await != want {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            listed(&s).await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A refused file: nothing changes, the server lives on.
+    write(&one("a", "every = \"0s\""));
+    s.signal("-HUP");
+    let start = Instant::now();
+    while !s.stderr().contains("the configuration is refused") {
+        assert!(start.elapsed() < Duration::from_secs(10), "{}", s.stderr());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(s.stderr().contains("schedules[0].every"), "{}", s.stderr());
+    assert_eq!(listed(&s).await, want);
+}
