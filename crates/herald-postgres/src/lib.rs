@@ -40,6 +40,7 @@ mod retry;
 mod ring;
 mod rows;
 mod rules;
+mod schedules;
 mod schema;
 mod settle;
 mod sql;

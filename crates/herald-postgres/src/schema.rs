@@ -14,6 +14,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0004_id_key.sql"),
     include_str!("../migrations/0005_ring.sql"),
     include_str!("../migrations/0006_topics.sql"),
+    include_str!("../migrations/0007_schedules.sql"),
 ];
 
 /// The newest schema version this build knows.

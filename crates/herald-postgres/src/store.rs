@@ -13,6 +13,8 @@ use herald::{
     RuleMatch, Store, Subscription,
 };
 
+use herald::schedule::{DueSchedules, Schedule, ScheduleFiring};
+
 use crate::retry::retry;
 use crate::rows::uuids;
 use crate::sql::SettleKind;
@@ -196,5 +198,39 @@ impl Store for PgStore {
 
     async fn delete(&self, id: EventId) -> StoreResult<bool> {
         retry("delete", || self.delete_once(id)).await
+    }
+
+    async fn put_schedule(&self, schedule: &Schedule) -> StoreResult<bool> {
+        retry("put_schedule", || self.put_schedule_once(schedule)).await
+    }
+
+    async fn schedule(&self, tenant: &str, name: &str) -> StoreResult<Option<Schedule>> {
+        retry("schedule", || self.schedule_once(tenant, name)).await
+    }
+
+    async fn schedules(&self, tenant: Option<&str>) -> StoreResult<Vec<Schedule>> {
+        retry("schedules", || self.schedules_once(tenant)).await
+    }
+
+    async fn pause_schedule(&self, tenant: &str, name: &str, paused: bool) -> StoreResult<bool> {
+        retry("pause_schedule", || {
+            self.pause_schedule_once(tenant, name, paused)
+        })
+        .await
+    }
+
+    async fn delete_schedule(&self, tenant: &str, name: &str) -> StoreResult<bool> {
+        retry("delete_schedule", || {
+            self.delete_schedule_once(tenant, name)
+        })
+        .await
+    }
+
+    async fn due_schedules(&self, limit: usize) -> StoreResult<DueSchedules> {
+        retry("due_schedules", || self.due_schedules_once(limit)).await
+    }
+
+    async fn fire_schedule(&self, firing: &ScheduleFiring) -> StoreResult<Option<Vec<Emitted>>> {
+        retry("fire_schedule", || self.fire_schedule_once(firing)).await
     }
 }

@@ -7,6 +7,7 @@
 //!   lease lapses.
 //! - A killed worker's event runs again within a lease and a sweep.
 
+use herald::schedule::{DueSchedules, Schedule, ScheduleFiring};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -160,6 +161,27 @@ impl Store for SweepSpy {
     }
     async fn delete(&self, id: EventId) -> StoreResult<bool> {
         self.inner.delete(id).await
+    }
+    async fn put_schedule(&self, schedule: &Schedule) -> StoreResult<bool> {
+        self.inner.put_schedule(schedule).await
+    }
+    async fn schedule(&self, tenant: &str, name: &str) -> StoreResult<Option<Schedule>> {
+        self.inner.schedule(tenant, name).await
+    }
+    async fn schedules(&self, tenant: Option<&str>) -> StoreResult<Vec<Schedule>> {
+        self.inner.schedules(tenant).await
+    }
+    async fn pause_schedule(&self, tenant: &str, name: &str, paused: bool) -> StoreResult<bool> {
+        self.inner.pause_schedule(tenant, name, paused).await
+    }
+    async fn delete_schedule(&self, tenant: &str, name: &str) -> StoreResult<bool> {
+        self.inner.delete_schedule(tenant, name).await
+    }
+    async fn due_schedules(&self, limit: usize) -> StoreResult<DueSchedules> {
+        self.inner.due_schedules(limit).await
+    }
+    async fn fire_schedule(&self, firing: &ScheduleFiring) -> StoreResult<Option<Vec<Emitted>>> {
+        self.inner.fire_schedule(firing).await
     }
 }
 

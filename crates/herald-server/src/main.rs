@@ -39,6 +39,9 @@ enum Command {
     Block(cli::rules::RuleArgs),
     /// Remove a block; prints what still holds and how many were re-notified.
     Unblock(cli::rules::RuleArgs),
+    /// List, add, pause, resume or delete schedules on a running server.
+    #[command(subcommand)]
+    Schedules(cli::schedules::SchedulesCommand),
     /// Show event counts, what holds each handler, and recent throughput.
     Stats(cli::stats::StatsArgs),
     /// Emit to a topic (one event per subscribed handler) and manage its
@@ -100,6 +103,7 @@ fn main() -> std::process::ExitCode {
             Command::Bench(args) => bench::run(args).await.map_err(|e| other(e.to_string())),
             Command::Emit(args) => exit(cli::emit::run(args).await),
             Command::Events(command) => exit(cli::events::run(command).await),
+            Command::Schedules(command) => exit(cli::schedules::run(command).await),
             Command::Pause(args) => exit(rule(Kind::Pause, true, args).await),
             Command::Unpause(args) => exit(rule(Kind::Pause, false, args).await),
             Command::Block(args) => exit(rule(Kind::Block, true, args).await),

@@ -1,12 +1,13 @@
 //! `herald serve`: a worker, the HTTP API and `/metrics` in one process,
 //! configured by `herald.toml`, `HERALD_…` variables and flags; graceful
 //! shutdown on SIGTERM or SIGINT (a second signal cancels running handlers
-//! at once).
+//! at once); SIGHUP reads the file again and applies its `[[schedules]]`.
 
 pub mod api;
 pub mod auth;
 pub mod error;
 pub mod recent;
+pub mod schedules;
 pub mod telemetry;
 mod ui;
 
@@ -169,6 +170,7 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
     let metrics = telemetry::install()?;
     let upkeep = telemetry::spawn_upkeep(metrics.clone());
     let mut signals = Signals::new().map_err(ServeError::Signals)?;
+    let mut hangup = signal(SignalKind::hangup()).map_err(ServeError::Signals)?;
     let store = open_store(&config).await?;
     // The file's subscriptions replace those an earlier start took from
     // it; the API's stay.
@@ -179,6 +181,7 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
         removed = synced.removed,
         "subscriptions from the configuration applied"
     );
+    apply_schedules(store.as_ref(), &config).await?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|reason| ServeError::Listen {
@@ -243,16 +246,19 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
     );
     tracing::info!(%addr, store = %config.store, queue = %config.queue, handlers = ?names, "herald serve started");
 
-    let first = tokio::select! {
-        s = signals.next() => s,
-        r = &mut server => {
-            let reason = match r {
-                Ok(Ok(())) => "it stopped".to_string(),
-                Ok(Err(e)) => e.to_string(),
-                Err(e) => e.to_string(),
-            };
-            worker.shutdown(Duration::ZERO).await;
-            return Err(ServeError::Http(reason));
+    let first = loop {
+        tokio::select! {
+            s = signals.next() => break s,
+            _ = hangup.recv() => reload(store.as_ref(), &overrides).await,
+            r = &mut server => {
+                let reason = match r {
+                    Ok(Ok(())) => "it stopped".to_string(),
+                    Ok(Err(e)) => e.to_string(),
+                    Err(e) => e.to_string(),
+                };
+                worker.shutdown(Duration::ZERO).await;
+                return Err(ServeError::Http(reason));
+            }
         }
     };
     let grace = config.shutdown_grace;
@@ -347,6 +353,44 @@ pub(crate) async fn open_store(config: &ServeConfig) -> Result<Arc<dyn Store>, S
             Arc::new(PgStore::connect_with(pool, options, &config.pg_schema).await?)
         }
     })
+}
+
+/// Writes the configuration's `[[schedules]]` to the store.
+async fn apply_schedules(store: &dyn Store, config: &ServeConfig) -> Result<(), ServeError> {
+    let applied = schedules::apply(store, &config.schedules, config.max_payload_bytes)
+        .await
+        .map_err(|e| match e {
+            schedules::ApplyError::Store(e) => ServeError::Store(e),
+            other => ServeError::Config(ConfigError::invalid(
+                config.origin(),
+                "schedules",
+                other.to_string(),
+            )),
+        })?;
+    tracing::info!(
+        created = applied.created,
+        updated = applied.updated,
+        deleted = applied.deleted,
+        "configuration's schedules applied"
+    );
+    Ok(())
+}
+
+/// SIGHUP: reads the configuration again and applies its schedules. A
+/// configuration that is refused changes nothing (the error is logged);
+/// other keys take effect on the next start.
+async fn reload(store: &dyn Store, overrides: &config::Overrides) {
+    tracing::info!("SIGHUP: reading the configuration again for its schedules");
+    match config::load(overrides, &|k| std::env::var(k).ok()) {
+        Ok(config) => {
+            if let Err(e) = apply_schedules(store, &config).await {
+                tracing::error!(error = %e, "the configuration's schedules could not be applied");
+            }
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "the configuration is refused; the schedules stay as they were");
+        }
+    }
 }
 
 /// SIGTERM and SIGINT.

@@ -710,3 +710,104 @@ fn topics_from_the_file_and_the_cli_fan_out_and_the_file_s_go_when_it_drops_them
     ]);
     assert!(gone.ok().contains("unsubscribed"), "{}", gone.stdout);
 }
+
+#[test]
+fn schedules_are_added_listed_paused_resumed_and_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_server(dir.path());
+    let cli = Cli {
+        dir: dir.path(),
+        server: &server,
+    };
+    assert_eq!(cli.run(&["schedules", "ls"]).ok().trim(), "no schedules");
+    let added = cli.run(&[
+        "schedules",
+        "add",
+        "acme",
+        "nightly",
+        "--handler",
+        "work",
+        "--cron",
+        "0 30 2 * * *",
+        "--timezone",
+        "Europe/Paris",
+        "--payload",
+        r#"{"kind":"daily"}"#,
+    ]);
+    let out = added.ok();
+    assert!(out.contains("cron 0 30 2 * * *"), "{out}");
+    assert!(
+        out.contains("T02:30:00+0"),
+        "the next occurrence in Paris: {out}"
+    );
+    cli.run(&[
+        "schedules",
+        "add",
+        "acme",
+        "tick",
+        "--handler",
+        "work",
+        "--every",
+        "1h",
+    ])
+    .ok();
+    let ls = cli.run(&["schedules", "ls"]);
+    let rows = schedule_rows(ls.ok());
+    assert_eq!(rows.len(), 2, "{}", ls.stdout);
+    assert!(
+        rows[0].contains("nightly") && rows[0].contains("active"),
+        "{rows:?}"
+    );
+    assert!(rows[1].contains("every 1h"), "{rows:?}");
+    let paused = cli.run(&["schedules", "pause", "acme", "nightly"]);
+    assert!(paused.ok().contains("paused"), "{}", paused.stdout);
+    let json = cli
+        .run(&["schedules", "ls", "--tenant", "acme", "--json"])
+        .json();
+    assert_eq!(json["schedules"][0]["paused"], true);
+    cli.run(&["schedules", "resume", "acme", "nightly"]).ok();
+    // A tenant's token sees its own.
+    let own = cli.token(ACME_TOKEN, &["schedules", "ls", "--json"]).json();
+    assert_eq!(own["schedules"].as_array().unwrap().len(), 2);
+    // Bad input: exit 2 with the field named; a missing one: 3.
+    let bad = cli.run(&[
+        "schedules",
+        "add",
+        "acme",
+        "x",
+        "--handler",
+        "work",
+        "--cron",
+        "61 * * * *",
+    ]);
+    assert_eq!(bad.code, 2, "{}", bad.stderr);
+    assert!(bad.stderr.contains("cron:"), "{}", bad.stderr);
+    let zone = cli.run(&[
+        "schedules",
+        "add",
+        "acme",
+        "x",
+        "--handler",
+        "work",
+        "--every",
+        "1m",
+        "--timezone",
+        "Nowhere",
+    ]);
+    assert_eq!(zone.code, 2, "{}", zone.stderr);
+    assert!(zone.stderr.contains("timezone:"), "{}", zone.stderr);
+    assert!(cli
+        .run(&["schedules", "rm", "acme", "nightly"])
+        .ok()
+        .contains("deleted"));
+    let gone = cli.run(&["schedules", "rm", "acme", "nightly"]);
+    assert_eq!(gone.code, 3, "{}", gone.stderr);
+    assert_eq!(schedule_rows(cli.run(&["schedules", "ls"]).ok()).len(), 1);
+}
+
+fn schedule_rows(table: &str) -> Vec<&str> {
+    let mut lines = table.lines();
+    let header = lines.next().expect("a header");
+    assert!(header.starts_with("TENANT "), "{table}");
+    lines.collect()
+}

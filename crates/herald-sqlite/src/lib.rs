@@ -28,6 +28,7 @@ mod leaders;
 mod reads;
 mod rows;
 mod rules;
+mod schedules;
 mod schema;
 mod settle;
 mod store;

@@ -13,6 +13,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0001_init.sql"),
     include_str!("../migrations/0002_error_history.sql"),
     include_str!("../migrations/0003_topics.sql"),
+    include_str!("../migrations/0004_schedules.sql"),
 ];
 
 /// The newest schema version this build knows.

@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use herald::schedule::{DueSchedules, Schedule, ScheduleFiring};
 use herald::store::{
     CountsQuery, EventFilter, HandlerCounts, Inspection, LeaseRef, Scheduled, Settle, StoreResult,
     SubscriptionSync, SweepPage, SweepPass,
@@ -16,7 +17,9 @@ use herald::{
 use rusqlite::types::Value;
 
 use crate::rows::blob;
-use crate::{admin, claim, emit, leaders, reads, rules, settle, sweep, topics, SqliteStore};
+use crate::{
+    admin, claim, emit, leaders, reads, rules, schedules, settle, sweep, topics, SqliteStore,
+};
 
 #[async_trait]
 impl Store for SqliteStore {
@@ -232,5 +235,60 @@ impl Store for SqliteStore {
     async fn delete(&self, id: EventId) -> StoreResult<bool> {
         self.call("delete", move |conn, now| admin::delete(conn, now, id))
             .await
+    }
+
+    async fn put_schedule(&self, schedule: &Schedule) -> StoreResult<bool> {
+        let schedule = schedule.clone();
+        self.call("put_schedule", move |conn, now| {
+            schedules::put(conn, now, &schedule)
+        })
+        .await
+    }
+
+    async fn schedule(&self, tenant: &str, name: &str) -> StoreResult<Option<Schedule>> {
+        let (tenant, name) = (tenant.to_string(), name.to_string());
+        self.call("schedule", move |conn, _| {
+            schedules::get(conn, &tenant, &name)
+        })
+        .await
+    }
+
+    async fn schedules(&self, tenant: Option<&str>) -> StoreResult<Vec<Schedule>> {
+        let tenant = tenant.map(str::to_string);
+        self.call("schedules", move |conn, _| {
+            schedules::list(conn, tenant.as_deref())
+        })
+        .await
+    }
+
+    async fn pause_schedule(&self, tenant: &str, name: &str, paused: bool) -> StoreResult<bool> {
+        let (tenant, name) = (tenant.to_string(), name.to_string());
+        self.call("pause_schedule", move |conn, now| {
+            schedules::pause(conn, now, &tenant, &name, paused)
+        })
+        .await
+    }
+
+    async fn delete_schedule(&self, tenant: &str, name: &str) -> StoreResult<bool> {
+        let (tenant, name) = (tenant.to_string(), name.to_string());
+        self.call("delete_schedule", move |conn, _| {
+            schedules::delete(conn, &tenant, &name)
+        })
+        .await
+    }
+
+    async fn due_schedules(&self, limit: usize) -> StoreResult<DueSchedules> {
+        self.call("due_schedules", move |conn, now| {
+            schedules::due(conn, now, limit)
+        })
+        .await
+    }
+
+    async fn fire_schedule(&self, firing: &ScheduleFiring) -> StoreResult<Option<Vec<Emitted>>> {
+        let firing = firing.clone();
+        self.call("fire_schedule", move |conn, now| {
+            schedules::fire(conn, now, &firing)
+        })
+        .await
     }
 }

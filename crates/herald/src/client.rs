@@ -236,6 +236,11 @@ impl Client {
         self
     }
 
+    /// The payload size limit in bytes ([`Client::max_payload`]).
+    pub fn payload_limit(&self) -> usize {
+        self.max_payload
+    }
+
     /// The store.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store

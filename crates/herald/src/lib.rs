@@ -12,6 +12,7 @@ mod publisher;
 pub mod queue;
 pub mod redact;
 pub mod retry;
+pub mod schedule;
 pub mod store;
 pub mod sweep;
 #[cfg(feature = "testkit")]

@@ -15,6 +15,7 @@ use crate::model::{
     AttemptError, Emitted, Event, EventId, EventState, LeaseToken, Millis, NewEvent, Rule,
     RuleKind, RuleMatch, Subscription,
 };
+use crate::schedule::{DueSchedules, Schedule, ScheduleFiring};
 
 /// What [`Store::lead`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -608,6 +609,42 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes an event that is not running (dead, done, or pending without a
     /// live lease). Returns whether it was deleted.
     async fn delete(&self, id: EventId) -> StoreResult<bool>;
+
+    /// Creates the schedule `(tenant, name)` or replaces its definition.
+    /// A replacement with the same occurrences
+    /// ([`Schedule::same_occurrences`]: cadence and zone) keeps the stored
+    /// cursor; one with other occurrences takes `schedule.next_at`. Either
+    /// keeps the stored `paused` and `last` (pause and resume are their own
+    /// verbs). Returns whether it was created.
+    async fn put_schedule(&self, schedule: &Schedule) -> StoreResult<bool>;
+
+    /// One schedule.
+    async fn schedule(&self, tenant: &str, name: &str) -> StoreResult<Option<Schedule>>;
+
+    /// The schedules of `tenant` (every tenant's with `None`), in tenant
+    /// and name order.
+    async fn schedules(&self, tenant: Option<&str>) -> StoreResult<Vec<Schedule>>;
+
+    /// Pauses (`true`) or resumes a schedule; false if there is none. The
+    /// cursor stays: on resume, the occurrences that passed meanwhile are
+    /// missed ones.
+    async fn pause_schedule(&self, tenant: &str, name: &str, paused: bool) -> StoreResult<bool>;
+
+    /// Deletes a schedule (not the events it emitted); false if there was none.
+    async fn delete_schedule(&self, tenant: &str, name: &str) -> StoreResult<bool>;
+
+    /// Up to `limit` unpaused schedules whose cursor is at or before the
+    /// store's clock, earliest cursor first (an index range on the cursor),
+    /// and that clock.
+    async fn due_schedules(&self, limit: usize) -> StoreResult<DueSchedules>;
+
+    /// In one transaction: moves the schedule's cursor from
+    /// `expected_next_at` to `next_at` (compare-and-set), inserts the
+    /// events as [`Store::emit`] does, and records the last of them as the
+    /// schedule's last occurrence. `None`, with nothing written, when the
+    /// schedule is gone or its cursor is not `expected_next_at` (another
+    /// leader moved it): that is what makes each occurrence emitted once.
+    async fn fire_schedule(&self, firing: &ScheduleFiring) -> StoreResult<Option<Vec<Emitted>>>;
 }
 
 impl RuleKind {

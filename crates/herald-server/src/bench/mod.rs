@@ -22,6 +22,7 @@ pub mod latency;
 pub mod long_horizon;
 pub mod report;
 pub mod rescue;
+pub mod schedules;
 mod setup;
 pub mod topic;
 
@@ -60,6 +61,9 @@ pub enum Scenario {
     /// Start a worker with nothing to do and leave it idle (for the queries
     /// an idle fleet sends, measured by the hook).
     Idle(idle::IdleArgs),
+    /// The scheduler's cost: N schedules firing once a minute each, one
+    /// elected worker (docs/schedules.md).
+    Schedules(schedules::SchedulesArgs),
     /// Turn the runs of `bench/compare.sh` (a directory) into one table
     /// and charts.
     Report(compare::ReportArgs),
@@ -162,6 +166,7 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
         Scenario::Idle(a) => idle::run(a).await?,
         Scenario::LongHorizon(a) => long_horizon::run(a).await?,
         Scenario::Rescue(a) => rescue::run(a).await?,
+        Scenario::Schedules(a) => schedules::run(a).await?,
         Scenario::Report(a) => return compare::run(a),
     };
     report.print()

@@ -1,5 +1,5 @@
 //! The operator's CLI: `herald emit`, `herald events …`, `herald pause` and
-//! the other rule verbs, and `herald stats`. Each talks to a running
+//! the other rule verbs, `herald schedules …`, and `herald stats`. Each talks to a running
 //! `herald serve` over its JSON API (`/v1`), prints a readable table, or
 //! with `--json` the server's JSON, and exits with a status scripts can
 //! trust (see [`exit`]).
@@ -7,6 +7,7 @@
 pub mod emit;
 pub mod events;
 pub mod rules;
+pub mod schedules;
 pub mod stats;
 pub mod topics;
 
@@ -35,7 +36,7 @@ pub mod exit {
 
 /// The exit-status table shown by `herald --help`.
 pub const EXIT_HELP: &str = "\
-Exit status of emit, events, pause, unpause, block, unblock, stats and topics:
+Exit status of emit, events, pause, unpause, block, unblock, schedules, stats and topics:
   0  success
   1  other error (unexpected answer, unreadable stdin)
   2  usage error or bad input (bad arguments, payload not JSON, a topic without

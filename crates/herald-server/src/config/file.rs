@@ -41,6 +41,9 @@ pub(super) struct FileConfig {
     /// `[[subscriptions]]`: handlers subscribed to topics.
     #[serde(default)]
     pub(super) subscriptions: Vec<SubscriptionSection>,
+    /// `[[schedules]]`: events emitted on a cadence.
+    #[serde(default)]
+    pub(super) schedules: Vec<ScheduleSection>,
 }
 
 /// One `[[subscriptions]]` entry.
@@ -51,6 +54,23 @@ pub(super) struct SubscriptionSection {
     pub(super) handler: String,
     /// Left out: every tenant.
     pub(super) tenant: Option<String>,
+}
+
+/// One `[[schedules]]` table.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ScheduleSection {
+    pub(super) tenant: String,
+    pub(super) name: String,
+    pub(super) handler: String,
+    pub(super) cron: Option<String>,
+    pub(super) every: Option<Dur>,
+    pub(super) timezone: Option<String>,
+    /// Any TOML value, stored as its JSON.
+    pub(super) payload: Option<toml::Value>,
+    pub(super) max_attempts: Option<u64>,
+    pub(super) missed: Option<String>,
+    pub(super) missed_cap: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -65,6 +85,9 @@ pub(super) struct WorkerSection {
     pub(super) dead_retention: Option<Dur>,
     pub(super) done_retention: Option<Dur>,
     pub(super) reconcile: Option<bool>,
+    pub(super) schedules: Option<bool>,
+    pub(super) schedule_every: Option<Dur>,
+    pub(super) schedule_grace: Option<Dur>,
     pub(super) name: Option<String>,
     pub(super) shutdown_grace: Option<Dur>,
     #[serde(default)]

@@ -184,6 +184,9 @@ pub struct ServeConfig {
     /// subscriptions an earlier start took from the file
     /// ([`herald::Store::sync_subscriptions`]).
     pub subscriptions: Vec<herald::Subscription>,
+    /// `[[schedules]]`, checked (docs/schedules.md): applied on start and
+    /// on SIGHUP.
+    pub schedules: Vec<herald::schedule::ScheduleDef>,
     /// The file the configuration was read from, if any.
     pub file: Option<PathBuf>,
 }

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use herald::WorkerConfig;
 
-use super::file::{AuthSection, Dur, FileConfig, WorkerSection};
+use herald::schedule::{ScheduleDef, ScheduleSource};
+
+use super::file::{AuthSection, Dur, FileConfig, ScheduleSection, WorkerSection};
 use super::queue::resolve_queue;
 use super::sources::Origins;
 use super::{
@@ -39,6 +41,11 @@ pub(super) fn resolve(mut raw: FileConfig, origins: &Origins) -> Result<ServeCon
             format!("{} is not a loopback address, and no API token is configured: without a token herald serve only listens on loopback (127.0.0.1 or [::1]). Set auth.operator_token_sha256 (or HERALD_OPERATOR_TOKEN_SHA256) to the SHA-256 of a token, or listen on 127.0.0.1", limits.listen),
         ));
     }
+    let schedules = resolve_schedules(
+        std::mem::take(&mut raw.schedules),
+        limits.max_payload_bytes,
+        &err,
+    )?;
     for name in raw.handlers.keys() {
         herald::client::check_name("handler", name)
             .map_err(|e| err(&format!("handlers.{name}"), e.to_string()))?;
@@ -75,6 +82,7 @@ pub(super) fn resolve(mut raw: FileConfig, origins: &Origins) -> Result<ServeCon
         auth,
         handlers: raw.handlers,
         subscriptions,
+        schedules,
         file: None,
     })
 }
@@ -205,6 +213,15 @@ fn resolve_worker(
     if let Some(r) = w.reconcile {
         worker.reconcile = r;
     }
+    if let Some(s) = w.schedules {
+        worker.schedules = s;
+    }
+    if let Some(Dur(d)) = w.schedule_every {
+        worker.schedule_every = d;
+    }
+    if let Some(Dur(d)) = w.schedule_grace {
+        worker.schedule_grace = d;
+    }
     let worker_named = w.name.is_some();
     if let Some(name) = w.name {
         herald::client::check_name("worker.name", &name)
@@ -232,6 +249,65 @@ fn resolve_worker(
         err(&key, e.reason())
     })?;
     Ok((worker, worker_named, shutdown_grace))
+}
+
+/// `[[schedules]]`: each checked as the API checks one (errors name
+/// `schedules[i].FIELD`), and no `(tenant, name)` twice.
+fn resolve_schedules(
+    raw: Vec<ScheduleSection>,
+    max_payload: usize,
+    err: &Refuse<'_>,
+) -> Result<Vec<ScheduleDef>, ConfigError> {
+    let mut out: Vec<ScheduleDef> = Vec::with_capacity(raw.len());
+    for (i, s) in raw.into_iter().enumerate() {
+        let key = |field: &str| format!("schedules[{i}].{field}");
+        let payload = match s.payload {
+            None => None,
+            Some(v) => Some(
+                serde_json::to_string(&v)
+                    .map_err(|e| err(&key("payload"), format!("cannot be written as JSON: {e}")))?,
+            ),
+        };
+        let max_attempts = match s.max_attempts {
+            None => None,
+            Some(n) => Some(
+                u32::try_from(n)
+                    .map_err(|_| err(&key("max_attempts"), format!("{n} is too large")))?,
+            ),
+        };
+        let def = ScheduleDef {
+            cron: s.cron,
+            every: s.every.map(|Dur(d)| d),
+            timezone: s.timezone,
+            payload,
+            max_attempts,
+            missed: s.missed,
+            missed_cap: s.missed_cap,
+            ..ScheduleDef::new(s.tenant, s.name, s.handler, ScheduleSource::Config)
+        };
+        def.build(herald::Millis(0), max_payload).map_err(|e| {
+            let message = e.to_string();
+            let reason = message
+                .strip_prefix(&format!("{}: ", e.field()))
+                .unwrap_or(&message)
+                .to_string();
+            err(&key(e.field()), reason)
+        })?;
+        if let Some(j) = out
+            .iter()
+            .position(|o| o.tenant == def.tenant && o.name == def.name)
+        {
+            return Err(err(
+                &key("name"),
+                format!(
+                    "{:?} is also schedules[{j}]'s name for tenant {:?}: a name is unique per tenant",
+                    def.name, def.tenant
+                ),
+            ));
+        }
+        out.push(def);
+    }
+    Ok(out)
 }
 
 fn positive(value: Option<u64>, default: u64) -> Result<usize, String> {

@@ -838,3 +838,87 @@ tenant = "acme"
     ));
     assert!(m.contains("kind"), "{m}");
 }
+
+#[test]
+fn schedules_are_read_checked_and_default_to_utc_and_once() {
+    let c = load_with(
+        Some(
+            r#"
+[[schedules]]
+tenant = "acme"
+name = "nightly"
+handler = "report"
+cron = "0 30 2 * * *"
+timezone = "Europe/Paris"
+payload = { kind = "daily", n = 3 }
+max_attempts = 5
+missed = "each"
+missed_cap = 10
+
+[[schedules]]
+tenant = "acme"
+name = "tick"
+handler = "report"
+every = "30s"
+"#,
+        ),
+        &[],
+        Overrides::default(),
+    )
+    .unwrap();
+    assert_eq!(c.schedules.len(), 2);
+    let n = &c.schedules[0];
+    assert_eq!(n.cron.as_deref(), Some("0 30 2 * * *"));
+    assert_eq!(n.payload.as_deref(), Some(r#"{"kind":"daily","n":3}"#));
+    assert_eq!(n.max_attempts, Some(5));
+    assert_eq!(n.source, herald::schedule::ScheduleSource::Config);
+    let t = c.schedules[1].build(herald::Millis(0), 0).unwrap();
+    assert_eq!(
+        t.cadence,
+        herald::schedule::Cadence::Every(Duration::from_secs(30))
+    );
+    assert_eq!(t.timezone, herald::schedule::Tz::UTC);
+    assert_eq!(t.missed, herald::schedule::Missed::Once);
+}
+
+#[test]
+fn a_bad_schedule_is_refused_naming_its_key() {
+    let base = "[[schedules]]\ntenant = \"acme\"\nname = \"n\"\nhandler = \"h\"\n";
+    let cases = [
+        ("cron = \"61 * * * *\"", "schedules[0].cron"),
+        ("every = \"0s\"", "schedules[0].every"),
+        ("every = \"soon\"", "schedules[0].every"),
+        (
+            "cron = \"* * * * *\"\ntimezone = \"Mars/Base\"",
+            "schedules[0].timezone",
+        ),
+        (
+            "cron = \"* * * * *\"\nmissed = \"twice\"",
+            "schedules[0].missed",
+        ),
+        (
+            "cron = \"* * * * *\"\nmissed = \"each\"",
+            "schedules[0].missed_cap",
+        ),
+        (
+            "cron = \"* * * * *\"\nmax_attempts = 0",
+            "schedules[0].max_attempts",
+        ),
+        (
+            "cron = \"* * * * *\"\ncolour = \"red\"",
+            "schedules[0].colour",
+        ),
+        ("", "schedules[0].cron"),
+    ];
+    for (extra, key) in cases {
+        let m = message(load_with(
+            Some(&format!("{base}{extra}\n")),
+            &[],
+            Overrides::default(),
+        ));
+        assert!(m.contains(&format!(": {key}: ")), "{key}: {m}");
+    }
+    let twice = format!("{base}every = \"1m\"\n{base}every = \"2m\"\n");
+    let m = message(load_with(Some(&twice), &[], Overrides::default()));
+    assert!(m.contains("schedules[1].name: "), "{m}");
+}

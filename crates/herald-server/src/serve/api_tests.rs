@@ -1620,3 +1620,171 @@ async fn topics_subscribe_emit_list_and_refuse_a_topic_without_subscribers() {
         .await;
     assert_eq!(page["events"].as_array().unwrap().len(), 3, "{page}");
 }
+
+#[tokio::test]
+async fn schedules_are_created_listed_paused_replaced_and_deleted() {
+    let h = Harness::new(tokens()).await;
+    let base = "/v1/tenants/acme/schedules";
+    let body = json!({
+        "name": "nightly",
+        "handler": "report",
+        "cron": "0 30 2 * * *",
+        "timezone": "America/New_York",
+        "payload": {"kind": "daily"},
+        "missed": "each",
+        "missed_cap": 3
+    });
+    let (status, v) = h
+        .call(Method::POST, base, Some(ACME), Some(body.clone()))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    assert_eq!(v["timezone"], "America/New_York");
+    assert_eq!(v["payload"], json!({"kind": "daily"}));
+    assert_eq!(v["source"], "api");
+    assert_eq!(v["missed"], "each");
+    assert_eq!(v["last_event_id"], Value::Null);
+    let next = v["next_at"].as_i64().expect("a cursor");
+    assert!(next > herald::Millis::now().0);
+    let local = v["next_at_local"].as_str().unwrap();
+    assert!(
+        local.contains("T02:30:00") || local.contains("T03:00:00"),
+        "{local}"
+    );
+    // Twice: a conflict.
+    let (status, v) = h.call(Method::POST, base, Some(ACME), Some(body)).await;
+    assert_error(
+        status,
+        &v,
+        StatusCode::CONFLICT,
+        "schedule_exists",
+        &["PUT"],
+    );
+    // Another tenant's token may not.
+    let (status, _) = h.call(Method::GET, base, Some(BETA), None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    // Listed, for the tenant and in the whole list.
+    let (_, v) = h.call(Method::GET, base, Some(ACME), None).await;
+    assert_eq!(v["schedules"].as_array().unwrap().len(), 1);
+    let (_, v) = h
+        .call(Method::GET, "/v1/schedules", Some(OPERATOR), None)
+        .await;
+    assert_eq!(v["schedules"][0]["name"], "nightly");
+    let (_, v) = h.call(Method::GET, "/v1/schedules", Some(BETA), None).await;
+    assert_eq!(v["schedules"], json!([]));
+    // Pause, resume.
+    let one = format!("{base}/nightly");
+    let (status, v) = h
+        .call(Method::POST, &format!("{one}/pause"), Some(ACME), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["paused"], true);
+    let (_, v) = h
+        .call(Method::POST, &format!("{one}/resume"), Some(ACME), None)
+        .await;
+    assert_eq!(v["paused"], false);
+    // PUT replaces: same cadence keeps the cursor.
+    let (status, v) = h
+        .call(
+            Method::PUT,
+            &one,
+            Some(ACME),
+            Some(json!({"handler": "report", "cron": "0 30 2 * * *", "timezone": "America/New_York", "payload": [1]})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["next_at"].as_i64(), Some(next));
+    assert_eq!(v["payload"], json!([1]));
+    assert_eq!(v["missed"], "once");
+    // PUT of a new one creates it, every 30 s.
+    let (status, v) = h
+        .call(
+            Method::PUT,
+            &format!("{base}/tick"),
+            Some(ACME),
+            Some(json!({"handler": "report", "every": "30s"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    assert_eq!(v["every_ms"], 30_000);
+    assert_eq!(v["next_at"].as_i64().unwrap() % 30_000, 0);
+    // Deleted, then gone.
+    let (status, _) = h.call(Method::DELETE, &one, Some(ACME), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, v) = h.call(Method::GET, &one, Some(ACME), None).await;
+    assert_error(
+        status,
+        &v,
+        StatusCode::NOT_FOUND,
+        "schedule_not_found",
+        &["nightly"],
+    );
+    let (status, v) = h
+        .call(Method::POST, &format!("{one}/pause"), Some(ACME), None)
+        .await;
+    assert_error(status, &v, StatusCode::NOT_FOUND, "schedule_not_found", &[]);
+}
+
+#[tokio::test]
+async fn a_bad_schedule_is_refused_naming_the_field_and_nothing_is_stored() {
+    let h = Harness::build(tokens(), 100, None).await;
+    let base = "/v1/tenants/acme/schedules";
+    for (body, field) in [
+        (
+            json!({"name": "n", "handler": "h", "cron": "61 * * * *"}),
+            "cron",
+        ),
+        (json!({"name": "n", "handler": "h"}), "cron"),
+        (json!({"name": "n", "handler": "h", "every": "0s"}), "every"),
+        (
+            json!({"name": "n", "handler": "h", "every": "soon"}),
+            "every",
+        ),
+        (
+            json!({"name": "n", "handler": "h", "every": "1m", "cron": "* * * * *"}),
+            "every",
+        ),
+        (
+            json!({"name": "n", "handler": "h", "cron": "* * * * *", "timezone": "Mars/Base"}),
+            "timezone",
+        ),
+        (
+            json!({"name": "n", "handler": "h", "cron": "* * * * *", "payload": "x".repeat(200)}),
+            "payload",
+        ),
+        (
+            json!({"name": "n", "handler": "h", "cron": "* * * * *", "missed": "each"}),
+            "missed_cap",
+        ),
+        (
+            json!({"name": "n", "handler": "h", "cron": "* * * * *", "max_attempts": 0}),
+            "max_attempts",
+        ),
+        (json!({"handler": "h", "cron": "* * * * *"}), "name"),
+    ] {
+        let (status, v) = h.call(Method::POST, base, Some(ACME), Some(body)).await;
+        assert_error(
+            status,
+            &v,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_schedule",
+            &[&format!("{field}:")],
+        );
+    }
+    let (status, v) = h
+        .call(
+            Method::POST,
+            base,
+            Some(ACME),
+            Some(json!({"name": "n", "handler": "", "cron": "* * * * *"})),
+        )
+        .await;
+    assert_error(
+        status,
+        &v,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_schedule",
+        &["handler:"],
+    );
+    let (_, v) = h.call(Method::GET, base, Some(ACME), None).await;
+    assert_eq!(v["schedules"], json!([]), "nothing stored");
+}

@@ -1,6 +1,7 @@
 //! Stores that fail on purpose, around a real one: for scenarios of what
 //! the engine and the client do when a store call fails.
 
+use crate::schedule::{DueSchedules, Schedule, ScheduleFiring};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -136,5 +137,26 @@ impl Store for RefusingEmits {
     }
     async fn delete(&self, id: EventId) -> StoreResult<bool> {
         self.inner.delete(id).await
+    }
+    async fn put_schedule(&self, schedule: &Schedule) -> StoreResult<bool> {
+        self.inner.put_schedule(schedule).await
+    }
+    async fn schedule(&self, tenant: &str, name: &str) -> StoreResult<Option<Schedule>> {
+        self.inner.schedule(tenant, name).await
+    }
+    async fn schedules(&self, tenant: Option<&str>) -> StoreResult<Vec<Schedule>> {
+        self.inner.schedules(tenant).await
+    }
+    async fn pause_schedule(&self, tenant: &str, name: &str, paused: bool) -> StoreResult<bool> {
+        self.inner.pause_schedule(tenant, name, paused).await
+    }
+    async fn delete_schedule(&self, tenant: &str, name: &str) -> StoreResult<bool> {
+        self.inner.delete_schedule(tenant, name).await
+    }
+    async fn due_schedules(&self, limit: usize) -> StoreResult<DueSchedules> {
+        self.inner.due_schedules(limit).await
+    }
+    async fn fire_schedule(&self, firing: &ScheduleFiring) -> StoreResult<Option<Vec<Emitted>>> {
+        self.inner.fire_schedule(firing).await
     }
 }

@@ -230,6 +230,7 @@ macro_rules! engine_suite {
             dead_event_can_be_retried,
             a_paused_subscriber_holds_only_its_copy,
             a_topic_of_1000_subscribers_stores_and_runs_every_copy,
+            a_schedule_fires_every_occurrence_once_across_a_leader_change,
         );
     };
     (@tests $make:path, $queue:tt; $($name:ident),* $(,)?) => {
@@ -327,6 +328,10 @@ macro_rules! store_suite {
             subscriptions_add_remove_list_and_merge_every_tenant,
             syncing_the_config_replaces_its_subscriptions_and_keeps_the_api_s,
             a_topic_emit_stores_one_event_per_subscriber,
+            schedules_put_get_list_pause_and_delete,
+            due_schedules_are_unpaused_and_judged_by_the_store_clock,
+            two_concurrent_fires_of_one_cursor_have_one_winner,
+            a_cursor_far_in_the_past_follows_the_missed_policy,
         );
     };
     (@tests $make:path; $($name:ident),* $(,)?) => {

@@ -12,7 +12,7 @@ use tokio_util::task::TaskTracker;
 
 use super::settle::Ended;
 use super::telemetry::Instruments;
-use super::{admission, heartbeat, reconcile, settle, WorkerState};
+use super::{admission, heartbeat, reconcile, schedule, settle, WorkerState};
 use super::{RunSettled, StatsSnapshot, WorkerConfig, WorkerConfigError, WorkerStats};
 use crate::handler::{FnHandler, Handler, IntoOutcome, JobHandler};
 use crate::queue::Queue;
@@ -199,6 +199,10 @@ impl WorkerBuilder {
             .config
             .reconcile
             .then(|| tokio::spawn(reconcile::reconcile_loop(shared.clone())));
+        let scheduler = shared
+            .config
+            .schedules
+            .then(|| tokio::spawn(schedule::schedule_loop(shared.clone())));
         tracing::info!(worker = %shared.config.name, handlers = ?shared.handler_names, "worker started");
         Ok(Worker {
             shared,
@@ -206,6 +210,7 @@ impl WorkerBuilder {
             settle,
             heartbeat,
             reconcile,
+            scheduler,
             settle_tx,
         })
     }
@@ -218,6 +223,7 @@ pub struct Worker {
     settle: JoinHandle<()>,
     heartbeat: JoinHandle<()>,
     reconcile: Option<JoinHandle<()>>,
+    scheduler: Option<JoinHandle<()>>,
     settle_tx: mpsc::UnboundedSender<Ended>,
 }
 
@@ -319,6 +325,10 @@ impl Worker {
         if let Some(r) = self.reconcile {
             let _ = r.await;
             tracing::debug!(worker = %shared.config.name, "shutdown: reconciler stopped");
+        }
+        if let Some(s) = self.scheduler {
+            let _ = s.await;
+            tracing::debug!(worker = %shared.config.name, "shutdown: scheduler stopped");
         }
         let cancelled = (shared.stats.snapshot().cancelled - cancelled_before) as usize;
         tracing::info!(worker = %shared.config.name, in_flight, cancelled, "worker stopped");

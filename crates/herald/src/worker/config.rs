@@ -52,6 +52,17 @@ pub struct WorkerConfig {
     pub done_retention: Option<Duration>,
     /// Whether this worker may run the reconciler. Default true.
     pub reconcile: bool,
+    /// Whether this worker may run the scheduler, which emits schedules'
+    /// occurrences when elected (docs/schedules.md). Default true.
+    pub schedules: bool,
+    /// How often the elected scheduler looks for due schedules, more than
+    /// 0: one query per tick while leading, so also how late an occurrence
+    /// may be emitted. Default 1 s.
+    pub schedule_every: Duration,
+    /// An occurrence emitted up to this late counts as on time; older ones
+    /// are missed and follow their schedule's `missed` policy. Default 60 s
+    /// ([`crate::schedule::DEFAULT_GRACE`]): more than a leader change takes.
+    pub schedule_grace: Duration,
     /// This worker's name in logs and in the leader row. Default: a random
     /// id. A name that stays the same across restarts (`herald serve` uses
     /// `HOST@ADDRESS`) lets a restarted process take its own leader row at
@@ -73,6 +84,9 @@ impl Default for WorkerConfig {
             dead_retention: Duration::from_secs(7 * 24 * 3600),
             done_retention: None,
             reconcile: true,
+            schedules: true,
+            schedule_every: Duration::from_secs(1),
+            schedule_grace: crate::schedule::DEFAULT_GRACE,
             name: format!("worker-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]),
         }
     }
@@ -105,6 +119,16 @@ pub enum WorkerConfigError {
         "sweep_every: {value:?} is too short: it must be more than 0s ({default:?} is the default)"
     )]
     SweepEveryZero {
+        /// The value given.
+        value: Duration,
+        /// The default.
+        default: Duration,
+    },
+    /// `schedule_every` is zero.
+    #[error(
+        "schedule_every: {value:?} is too short: it must be more than 0s ({default:?} is the default)"
+    )]
+    ScheduleEveryZero {
         /// The value given.
         value: Duration,
         /// The default.
@@ -148,6 +172,7 @@ impl WorkerConfigError {
             WorkerConfigError::TooFew { field, .. } => field,
             WorkerConfigError::LeaseTooShort { .. } => "lease",
             WorkerConfigError::SweepEveryZero { .. } => "sweep_every",
+            WorkerConfigError::ScheduleEveryZero { .. } => "schedule_every",
             WorkerConfigError::RetryFactor { .. } => "policy.retry.factor",
             WorkerConfigError::RetryJitter { .. } => "policy.retry.jitter",
         }
@@ -189,6 +214,12 @@ impl WorkerConfig {
             return Err(WorkerConfigError::SweepEveryZero {
                 value: self.sweep_every,
                 default: defaults.sweep_every,
+            });
+        }
+        if self.schedule_every.is_zero() {
+            return Err(WorkerConfigError::ScheduleEveryZero {
+                value: self.schedule_every,
+                default: defaults.schedule_every,
             });
         }
         // Written so that NaN fails too.

@@ -13,7 +13,9 @@
 //! - `heartbeat` renews every lease in one call every `lease / 3` and
 //!   cancels runs whose lease was lost (`heartbeat.rs`);
 //! - `reconcile`, when elected, re-notifies what the queue lost and purges
-//!   expired dead events (`reconcile.rs`).
+//!   expired dead events (`reconcile.rs`);
+//! - `schedule`, when elected, emits the due occurrences of schedules
+//!   (`schedule.rs`).
 //!
 //! Every task reports what it did as a run event; `telemetry.rs` turns them
 //! into metrics, [`WorkerStats`] and [`RunObserver`] calls, and lists the
@@ -26,6 +28,7 @@ mod heartbeat;
 mod message;
 mod reconcile;
 mod run;
+mod schedule;
 mod settle;
 mod stats;
 mod telemetry;

@@ -62,6 +62,8 @@ counters! {
     /// Reconciler sweeps completed by this worker while it led (the first
     /// one, at start, is the full sweep of a queue that forgets on restart).
     sweeps,
+    /// Occurrences' events the scheduler stored while this worker led it.
+    scheduled,
 }
 
 impl WorkerStats {

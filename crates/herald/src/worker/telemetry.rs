@@ -94,6 +94,8 @@ pub(super) enum RunEvent<'a> {
     Reconciled(usize),
     /// The reconciler completed a sweep.
     Swept,
+    /// The scheduler stored this many occurrences' events.
+    Scheduled(usize),
 }
 
 impl WorkerState {
@@ -127,6 +129,7 @@ impl WorkerState {
             RunEvent::StoreFailed => add(&stats.store_errors, 1),
             RunEvent::Reconciled(n) => add(&stats.reconciled, n),
             RunEvent::Swept => add(&stats.sweeps, 1),
+            RunEvent::Scheduled(n) => add(&stats.scheduled, n),
         }
     }
 

@@ -20,12 +20,18 @@ use super::recent::Tracker;
 mod emit;
 mod events;
 mod rules;
+mod schedules;
 mod stats;
 mod topics;
 
 use emit::{emit, emit_batch};
 use events::{delete_event, list_events, retry_event, show_event};
 use rules::{block, pause, rules, unblock, unpause};
+pub use schedules::ScheduleView;
+use schedules::{
+    all_schedules, create_schedule, delete_schedule, pause_schedule, put_schedule, resume_schedule,
+    show_schedule, tenant_schedules,
+};
 use stats::{metrics, openapi, stats};
 use topics::{
     emit_topic, list_topics, subscribe_all, subscribe_tenant, tenant_subscribers, unsubscribe_all,
@@ -131,6 +137,20 @@ fn routes() -> Routes {
         .get("/v1/topics", list_topics)
         .put("/v1/topics/{topic}/subscribers/{handler}", subscribe_all)
         .delete("/v1/topics/{topic}/subscribers/{handler}", unsubscribe_all)
+        .get("/v1/schedules", all_schedules)
+        .get("/v1/tenants/{tenant}/schedules", tenant_schedules)
+        .post("/v1/tenants/{tenant}/schedules", create_schedule)
+        .get("/v1/tenants/{tenant}/schedules/{name}", show_schedule)
+        .put("/v1/tenants/{tenant}/schedules/{name}", put_schedule)
+        .delete("/v1/tenants/{tenant}/schedules/{name}", delete_schedule)
+        .post(
+            "/v1/tenants/{tenant}/schedules/{name}/pause",
+            pause_schedule,
+        )
+        .post(
+            "/v1/tenants/{tenant}/schedules/{name}/resume",
+            resume_schedule,
+        )
         .get("/v1/stats", stats)
         .get("/metrics", metrics)
         .get("/openapi.json", openapi)

@@ -134,17 +134,19 @@ async function refresh() {
   if (refreshing) return;
   refreshing = true;
   try {
-    const [stats, rules, dead, topics] = await Promise.allSettled([
+    const [stats, rules, dead, topics, schedules] = await Promise.allSettled([
       api("GET", "/v1/stats"),
       api("GET", "/v1/rules"),
       api("GET", "/v1/events?state=dead&limit=200"),
       api("GET", "/v1/topics"),
+      api("GET", "/v1/schedules"),
     ]);
     const errors = [];
     if (stats.status === "rejected") errors.push({ what: "GET /v1/stats", error: stats.reason });
     if (rules.status === "rejected") errors.push({ what: "GET /v1/rules", error: rules.reason });
     if (dead.status === "rejected") errors.push({ what: "GET /v1/events?state=dead", error: dead.reason });
     if (topics.status === "rejected") errors.push({ what: "GET /v1/topics", error: topics.reason });
+    if (schedules.status === "rejected") errors.push({ what: "GET /v1/schedules", error: schedules.reason });
     showErrors("refresh", errors);
     const needsToken = errors.some((e) => e.error && e.error.status === 401);
     showTokenState(needsToken);
@@ -156,6 +158,11 @@ async function refresh() {
     } else {
       renderUnavailable("handlers-body", 7, "handlers unavailable: see the error above");
       recordActivity(undefined);
+    }
+    if (schedules.status === "fulfilled") {
+      renderSchedules(schedules.value.schedules || []);
+    } else {
+      renderUnavailable("schedules-body", 10, "schedules unavailable: see the error above");
     }
     if (dead.status === "fulfilled") {
       renderDead(dead.value);
@@ -279,6 +286,47 @@ function renderHandlers(stats, rules) {
     tr.dataset.handler = r.handler;
     tr.dataset.testid = "handler-row";
     if (r.paused || r.blocked) tr.className = "held";
+    return tr;
+  }));
+}
+
+// ---- schedules ---------------------------------------------------------
+
+function renderSchedules(list) {
+  const tbody = $("schedules-body");
+  if (list.length === 0) {
+    tbody.replaceChildren(row([cell("no schedules", "empty", 10)]));
+    return;
+  }
+  tbody.replaceChildren(...list.map((s) => {
+    const cadence = s.cron != null ? `cron ${s.cron}` : `every ${s.every}`;
+    const state = document.createElement("span");
+    state.append(s.paused ? badge("paused", "PAUSED") : badge("unheld", "active"));
+    const btn = document.createElement("button");
+    btn.type = "button";
+    btn.className = s.paused ? "unpause" : "pause";
+    btn.textContent = s.paused ? "Resume" : "Pause";
+    btn.dataset.action = s.paused ? "resume" : "pause";
+    const path = `/v1/tenants/${encodeURIComponent(s.tenant)}/schedules/${encodeURIComponent(s.name)}/${btn.dataset.action}`;
+    btn.onclick = () => act(btn, "POST", path, `${btn.textContent} schedule ${s.tenant} / ${s.name}`);
+    const tr = row([
+      cell(s.tenant, "mono"),
+      cell(s.name, "mono"),
+      cell(s.handler, "mono"),
+      cell(cadence, "mono"),
+      cell(s.timezone, "mono"),
+      cell(s.next_at_local == null ? "never" : s.next_at_local, "mono"),
+      cell(s.last_occurrence_local == null ? "–" : s.last_occurrence_local, "mono"),
+      cell(s.last_event_id == null ? "–" : s.last_event_id, "mono"),
+      cell(state),
+      cell(btn),
+    ]);
+    ["tenant", "name", "handler", "cadence", "zone", "next", "last", "last_event", "state", "action"]
+      .forEach((col, i) => { tr.children[i].dataset.col = col; });
+    tr.dataset.tenant = s.tenant;
+    tr.dataset.name = s.name;
+    tr.dataset.testid = "schedule-row";
+    if (s.paused) tr.className = "held";
     return tr;
   }));
 }

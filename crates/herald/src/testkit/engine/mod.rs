@@ -15,6 +15,7 @@ mod messages;
 mod reconcile;
 mod rules;
 mod runs;
+mod schedules;
 mod shutdown;
 mod topics;
 
@@ -27,6 +28,7 @@ pub use messages::*;
 pub use reconcile::*;
 pub use rules::*;
 pub use runs::*;
+pub use schedules::*;
 pub use shutdown::*;
 pub use topics::*;
 
