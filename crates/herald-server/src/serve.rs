@@ -172,16 +172,7 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
     let mut signals = Signals::new().map_err(ServeError::Signals)?;
     let mut hangup = signal(SignalKind::hangup()).map_err(ServeError::Signals)?;
     let store = open_store(&config).await?;
-    // The file's subscriptions replace those an earlier start took from
-    // it; the API's stay.
-    let synced = store.sync_subscriptions(&config.subscriptions).await?;
-    tracing::info!(
-        declared = config.subscriptions.len(),
-        added = synced.added,
-        removed = synced.removed,
-        "subscriptions from the configuration applied"
-    );
-    apply_schedules(store.as_ref(), &config).await?;
+    apply_declared(store.as_ref(), &config).await?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|reason| ServeError::Listen {
@@ -355,6 +346,20 @@ pub(crate) async fn open_store(config: &ServeConfig) -> Result<Arc<dyn Store>, S
     })
 }
 
+/// Writes what the configuration declares to the store, at start and on
+/// SIGHUP: its `[[subscriptions]]` replace those an earlier start or
+/// reload took from the file, its `[[schedules]]` likewise; the API's stay.
+async fn apply_declared(store: &dyn Store, config: &ServeConfig) -> Result<(), ServeError> {
+    let synced = store.sync_subscriptions(&config.subscriptions).await?;
+    tracing::info!(
+        declared = config.subscriptions.len(),
+        added = synced.added,
+        removed = synced.removed,
+        "configuration's subscriptions applied"
+    );
+    apply_schedules(store, config).await
+}
+
 /// Writes the configuration's `[[schedules]]` to the store.
 async fn apply_schedules(store: &dyn Store, config: &ServeConfig) -> Result<(), ServeError> {
     let applied = schedules::apply(store, &config.schedules, config.max_payload_bytes)
@@ -376,19 +381,19 @@ async fn apply_schedules(store: &dyn Store, config: &ServeConfig) -> Result<(), 
     Ok(())
 }
 
-/// SIGHUP: reads the configuration again and applies its schedules. A
-/// configuration that is refused changes nothing (the error is logged);
-/// other keys take effect on the next start.
+/// SIGHUP: reads the configuration again and applies its subscriptions
+/// and schedules. A configuration that is refused changes nothing (the
+/// error is logged); other keys take effect on the next start.
 async fn reload(store: &dyn Store, overrides: &config::Overrides) {
-    tracing::info!("SIGHUP: reading the configuration again for its schedules");
+    tracing::info!("SIGHUP: reading the configuration again for its subscriptions and schedules");
     match config::load(overrides, &|k| std::env::var(k).ok()) {
         Ok(config) => {
-            if let Err(e) = apply_schedules(store, &config).await {
-                tracing::error!(error = %e, "the configuration's schedules could not be applied");
+            if let Err(e) = apply_declared(store, &config).await {
+                tracing::error!(error = %e, "the configuration's subscriptions and schedules could not be applied");
             }
         }
         Err(e) => {
-            tracing::error!(error = %e, "the configuration is refused; the schedules stay as they were");
+            tracing::error!(error = %e, "the configuration is refused; subscriptions and schedules stay as they were");
         }
     }
 }
