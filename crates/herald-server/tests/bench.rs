@@ -165,6 +165,38 @@ fn emit_on_sqlite_counts_single_and_batched_emits() {
 }
 
 #[test]
+fn topic_on_sqlite_stores_the_events_of_each_subscriber_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let (result, seen) = bench(
+        dir.path(),
+        &["topic", "--subscribers", "1,10,100", "--events", "1000"],
+    );
+    assert_eq!(result["scenario"], "topic");
+    let points = result["topics"].as_array().expect("topics");
+    let counts: Vec<u64> = points
+        .iter()
+        .map(|p| p["subscribers"].as_u64().unwrap())
+        .collect();
+    assert_eq!(counts, [1, 10, 100], "{result}");
+    for p in points {
+        assert_eq!(p["events"], 1000, "{result}");
+        assert!(p["events_per_s"].as_f64().unwrap() > 0.0, "{result}");
+    }
+    assert_eq!(result["events"], 3000);
+    assert_eq!(
+        seen,
+        phases(&[
+            "topic-1-start",
+            "topic-1-end",
+            "topic-10-start",
+            "topic-10-end",
+            "topic-100-start",
+            "topic-100-end"
+        ])
+    );
+}
+
+#[test]
 fn bench_refuses_serves_own_postgres_schema() {
     let dir = tempfile::tempdir().unwrap();
     let out = herald(dir.path())
