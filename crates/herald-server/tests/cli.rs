@@ -677,6 +677,15 @@ fn topics_from_the_file_and_the_cli_fan_out_and_the_file_s_go_when_it_drops_them
     let held = copies.iter().find(|c| c["handler"] == "held").unwrap();
     let e = cli.show(held["id"].as_str().unwrap());
     assert_eq!(e["topic"], "user.signup", "{e}");
+    let shown = cli.run(&["events", "show", held["id"].as_str().unwrap()]);
+    assert!(
+        shown
+            .ok()
+            .lines()
+            .any(|l| l.starts_with("topic") && l.ends_with("user.signup")),
+        "{}",
+        shown.stdout
+    );
     assert_eq!(e["payload"], serde_json::json!({"user": 7}));
     let table = cli.run(&["topics", "emit", "acme", "user.signup"]);
     assert!(table.ok().starts_with("HANDLER"), "{}", table.stdout);

@@ -193,11 +193,12 @@ async fn listed(s: &Server) -> Vec<(String, String, String)> {
         .collect()
 }
 
-/// herald.toml's schedules are applied on start and on SIGHUP: a changed
-/// one is rewritten, one gone from the file is deleted, the API's are left
-/// alone, and a refused file changes nothing.
+/// herald.toml's schedules and subscriptions are applied on start and on
+/// SIGHUP: a changed schedule is rewritten, one gone from the file is
+/// deleted (a subscription too), the API's are left alone, and a refused
+/// file changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sighup_applies_the_files_schedules_and_leaves_the_apis() {
+async fn sighup_applies_the_files_schedules_and_subscriptions_and_leaves_the_apis() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("herald.toml");
     let write = |schedules: &str| {
@@ -213,12 +214,17 @@ async fn sighup_applies_the_files_schedules_and_leaves_the_apis() {
     let one = |name: &str, cadence: &str| {
         format!("[[schedules]]\ntenant = \"acme\"\nname = \"{name}\"\nhandler = \"h\"\n{cadence}\n")
     };
+    let subscription =
+        |topic: &str| format!("[[subscriptions]]\ntopic = \"{topic}\"\nhandler = \"h\"\n");
     write(&format!(
-        "{}{}",
+        "{}{}{}{}",
         one("a", "every = \"1h\""),
-        one("b", "cron = \"0 0 * * *\"")
+        one("b", "cron = \"0 0 * * *\""),
+        subscription("user.signup"),
+        subscription("order.paid"),
     ));
     let s = serve(dir.path(), &config);
+    assert_eq!(subscribed(&s).await, ["order.paid", "user.signup"]);
     let r = reqwest::Client::new()
         .put(s.url("/v1/tenants/acme/schedules/mine"))
         .json(&serde_json::json!({"handler": "h", "every": "1m"}))
@@ -235,15 +241,20 @@ async fn sighup_applies_the_files_schedules_and_leaves_the_apis() {
             t("mine", "1m", "api")
         ]
     );
-    write(&one("a", "every = \"2h\""));
+    write(&format!(
+        "{}{}",
+        one("a", "every = \"2h\""),
+        subscription("order.paid")
+    ));
     s.signal("-HUP");
     let start = Instant::now();
     let want = [t("a", "2h", "config"), t("mine", "1m", "api")];
-    while listed(&s).await != want {
+    while listed(&s).await != want || subscribed(&s).await != ["order.paid"] {
         assert!(
             start.elapsed() < Duration::from_secs(10),
-            "{:?}",
-            listed(&s).await
+            "{:?} {:?}",
+            listed(&s).await,
+            subscribed(&s).await
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -257,4 +268,23 @@ async fn sighup_applies_the_files_schedules_and_leaves_the_apis() {
     }
     assert!(s.stderr().contains("schedules[0].every"), "{}", s.stderr());
     assert_eq!(listed(&s).await, want);
+    assert_eq!(subscribed(&s).await, ["order.paid"]);
+}
+
+/// The topics of the subscriptions `GET /v1/topics` lists, sorted.
+async fn subscribed(s: &Server) -> Vec<String> {
+    let v: serde_json::Value = reqwest::get(s.url("/v1/topics"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mut topics: Vec<String> = v["subscriptions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["topic"].as_str().unwrap().to_string())
+        .collect();
+    topics.sort();
+    topics
 }

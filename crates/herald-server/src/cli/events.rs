@@ -201,6 +201,9 @@ async fn show(args: IdArgs) -> Result<(), Failure> {
     if !e["idempotency_key"].is_null() {
         lines.push(("idempotency_key", text(&e["idempotency_key"])));
     }
+    if !e["topic"].is_null() {
+        lines.push(("topic", text(&e["topic"])));
+    }
     lines.push(("created_at", text(&e["created_at"])));
     lines.push(("updated_at", text(&e["updated_at"])));
     lines.push(("last_error", text(&e["last_error"])));
