@@ -108,6 +108,26 @@ try {
   const subCells = await sub.locator("td").allTextContents();
   check(subCells[2] === FLAKY && subCells[1].includes("every tenant"), `the topics row shows ${JSON.stringify(subCells)}`);
 
+  begin("emit to a topic without subscribers through the page: the API's 422 is shown");
+  await page.fill("#topic-emit-tenant", TENANT);
+  await page.fill("#topic-emit-topic", "nobody.listens");
+  await page.click("#topic-emit-send");
+  const refused = page.locator('[data-testid="error"][data-kind="action"]').filter({ hasText: "no_subscribers" });
+  await refused.waitFor();
+  await refused.locator("button").click();
+  await refused.waitFor({ state: "detached" });
+
+  begin("emit to user.signup through the page: one event for its subscriber, with the topic");
+  await page.fill("#topic-emit-topic", "user.signup");
+  await page.fill("#topic-emit-payload", '{"user": 42}');
+  await page.click("#topic-emit-send");
+  const result = page.getByTestId("topic-emit-result");
+  await result.filter({ hasText: "1 event" }).waitFor();
+  const emittedId = await result.getAttribute("data-ids");
+  const emitted = await api("GET", `/v1/events/${emittedId}`);
+  check(emitted.topic === "user.signup" && emitted.handler === FLAKY && emitted.payload.user === 42,
+    `the page's topic emit stored ${JSON.stringify(emitted)}`);
+
   begin("pause acme/flaky through the page");
   await row.locator('button[data-action="pause"]').click();
   await row.getByTestId("badge-paused").waitFor();

@@ -28,13 +28,18 @@ class ApiFailure extends Error {
   }
 }
 
-async function api(method, path) {
+async function api(method, path, json) {
   const headers = { Accept: "application/json" };
   const t = token();
   if (t) headers.Authorization = "Bearer " + t;
+  const init = { method, headers, cache: "no-store" };
+  if (json !== undefined) {
+    headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(json);
+  }
   let response;
   try {
-    response = await fetch(path, { method, headers, cache: "no-store" });
+    response = await fetch(path, init);
   } catch (e) {
     throw new ApiFailure(0, "unreachable", `cannot reach the herald server (${e.message || e}); is it running?`);
   }
@@ -120,6 +125,37 @@ $("token-form").addEventListener("submit", (ev) => {
   $("token").value = "";
   showTokenState(false);
   refresh();
+});
+
+// Emit to a topic: one event per subscribed handler (the API's answer is
+// shown as it is, a 422 no_subscribers included).
+$("topic-emit").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  const tenant = $("topic-emit-tenant").value.trim();
+  const topic = $("topic-emit-topic").value.trim();
+  const out = $("topic-emit-result");
+  let payload;
+  try {
+    payload = JSON.parse($("topic-emit-payload").value || "null");
+  } catch (e) {
+    out.textContent = `the payload is not JSON: ${e.message}`;
+    return;
+  }
+  const path = `/v1/tenants/${encodeURIComponent(tenant)}/topics/${encodeURIComponent(topic)}/events`;
+  const button = $("topic-emit-send");
+  button.disabled = true;
+  try {
+    const r = await api("POST", path, { payload });
+    out.textContent = `${r.events.length} event${r.events.length === 1 ? "" : "s"}: ` +
+      r.events.map((e) => `${e.handler} ${e.id}${e.created ? "" : " (existing)"}`).join(", ");
+    out.dataset.ids = r.events.map((e) => e.id).join(" ");
+  } catch (e) {
+    out.textContent = "";
+    addError("action", `emit to topic ${topic} failed (POST ${path})`, e);
+  } finally {
+    button.disabled = false;
+  }
+  await refresh();
 });
 
 $("token-forget").addEventListener("click", () => {
