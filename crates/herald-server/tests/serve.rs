@@ -76,12 +76,16 @@ async fn emit_and_watch(s: &Server, token: Option<&str>, operator: Option<&str>)
     .await;
     assert_eq!(status, 201);
 
+    // `/v1/stats` reads the store's counts before the recent activity, so a
+    // run can end between the two reads: wait until both agree.
+    let left = json!([{"tenant": "acme", "handler": "elsewhere", "state": "pending", "count": 1, "paused": false, "blocked": false}]);
     let mut stats = Value::Null;
     let deadline = Instant::now() + Duration::from_secs(20);
     while Instant::now() < deadline {
         stats = get(s, "/v1/stats", operator).await.1;
         let work = &stats["recent"]["handlers"]["work"];
-        if work["emit_to_start_seconds"]["samples"] == 50
+        if stats["counts"] == left
+            && work["emit_to_start_seconds"]["samples"] == 50
             && work["done_per_second"].as_f64().unwrap_or(0.0)
                 * stats["recent"]["window_seconds"].as_f64().unwrap_or(0.0)
                 >= 49.5
@@ -97,22 +101,27 @@ async fn emit_and_watch(s: &Server, token: Option<&str>, operator: Option<&str>)
         "{stats}"
     );
     assert_eq!(stats["handlers"], json!(["work"]));
-    assert_eq!(
-        stats["counts"],
-        json!([{"tenant": "acme", "handler": "elsewhere", "state": "pending", "count": 1, "paused": false, "blocked": false}]),
-        "done events are deleted"
-    );
+    assert_eq!(stats["counts"], left, "done events are deleted");
 
-    let (status, _, metrics) = get(s, "/metrics", None).await;
-    assert_eq!(status, 200);
-    for line in [
+    // A run's counters move just after its settle commits: poll them too.
+    let want = [
         "herald_events_emitted_total{handler=\"work\"} 50",
         "herald_events_emitted_total{handler=\"elsewhere\"} 1",
         "herald_events_done_total{handler=\"work\"} 50",
         "herald_emit_to_start_seconds_count{handler=\"work\"} 50",
         "herald_handler_duration_seconds_count{handler=\"work\"} 50",
         "herald_runs_in_flight{handler=\"work\"} 0",
-    ] {
+    ];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let metrics = loop {
+        let (status, _, metrics) = get(s, "/metrics", None).await;
+        assert_eq!(status, 200);
+        if want.iter().all(|l| metrics.contains(l)) || Instant::now() > deadline {
+            break metrics;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    for line in want {
         assert!(metrics.contains(line), "{line:?} not in\n{metrics}");
     }
 }
