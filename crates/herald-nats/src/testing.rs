@@ -325,7 +325,14 @@ impl QueueBackdoor for NatsQueue {
 /// SKIPPED line) when NATS is unreachable outside CI. With `CI=true` it
 /// fails the test.
 pub async fn fresh_nats_queue() -> Option<TestQueue> {
-    let (queue, guard) = fresh_stream(&test_name(), ACK_WAIT).await?;
+    fresh_rig_queue(ACK_WAIT).await
+}
+
+/// The engine suite's queue maker: a [`TestQueue`] on a fresh stream whose
+/// ack wait is the rig's lease, deleted when the test ends; `None` (after
+/// the SKIPPED line) when NATS is unreachable outside CI.
+pub async fn fresh_rig_queue(ack_wait: Duration) -> Option<TestQueue> {
+    let (queue, guard) = fresh_stream(&test_name(), ack_wait).await?;
     let queue = Arc::new(queue);
     Some(TestQueue {
         queue: queue.clone(),
