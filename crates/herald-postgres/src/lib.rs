@@ -65,6 +65,7 @@ use crate::sql::Sql;
 pub use crate::emit::{EMIT_FIRST_PAUSE, EMIT_TRIES};
 pub use crate::ring::RingTimes;
 pub use crate::schema::{SchemaNameError, DEFAULT_SCHEMA, SCHEMA_VERSION};
+pub use crate::sql::RunCommits;
 
 /// herald's store on PostgreSQL. Cheap to clone: clones share the pool.
 #[derive(Clone)]
@@ -74,6 +75,7 @@ pub struct PgStore {
     sql: Arc<Sql>,
     location: Arc<str>,
     ring_times: RingTimes,
+    runs: RunCommits,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -173,11 +175,12 @@ impl PgStore {
         let location = describe(&pool.connect_options());
         let name = schema_name(schema, &location)?;
         Ok(PgStore {
-            sql: Arc::new(Sql::new(&name.quoted)),
+            sql: Arc::new(Sql::new(&name.quoted, RunCommits::default())),
             schema: Arc::new(name),
             location: location.into(),
             pool,
             ring_times: RingTimes::default(),
+            runs: RunCommits::default(),
         })
     }
 
@@ -208,6 +211,19 @@ impl PgStore {
     pub fn with_ring_times(mut self, times: RingTimes) -> PgStore {
         self.ring_times = times;
         self
+    }
+
+    /// Whether claims and settles wait for their commit's WAL flush
+    /// ([`RunCommits`]; by default they do).
+    pub fn with_run_commits(mut self, runs: RunCommits) -> PgStore {
+        self.sql = Arc::new(Sql::new(&self.schema.quoted, runs));
+        self.runs = runs;
+        self
+    }
+
+    /// How claims and settles commit.
+    pub fn run_commits(&self) -> RunCommits {
+        self.runs
     }
 
     /// The pool.

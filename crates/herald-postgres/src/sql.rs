@@ -26,7 +26,7 @@ pub(crate) const NOW_EXPR: &str = "floor(date_part('epoch', now()) * 1000)::bigi
 /// attempts left, has a handler in `$4`, and no rule matches. Changes only
 /// columns that no index covers, so it is a HOT update when the page has
 /// room. `$1` token, `$2` lease in ms, `$3` ids (sorted), `$4` handlers.
-const CLAIM: &str = "SELECT {cols} FROM {s}.claim($1, $2, $3, $4) AS e";
+const CLAIM: &str = "SELECT {cols} FROM {s}.claim($1, $2, $3, $4) AS e{nowait}";
 
 /// Events by id with their rules, and the clock (one row with a NULL event
 /// when none is found). `$1` ids.
@@ -36,16 +36,48 @@ const INSPECT: &str = "SELECT * FROM {s}.inspect($1)";
 /// lease token is the one given (`IS NOT DISTINCT FROM`, so NULL fences on
 /// "no lease"). Each returns the batch positions (`ord`) whose fence held.
 /// `$1` ids (sorted), `$2` tokens, `$3` positions.
-const SETTLE_DELETE: &str = "SELECT * FROM {s}.settle_delete($1, $2, $3)";
+const SETTLE_DELETE: &str = "SELECT s.ord FROM {s}.settle_delete($1, $2, $3) AS s(ord){nowait}";
 
-const SETTLE_ARCHIVE: &str = "SELECT * FROM {s}.settle_archive($1, $2, $3)";
+const SETTLE_ARCHIVE: &str = "SELECT s.ord FROM {s}.settle_archive($1, $2, $3) AS s(ord){nowait}";
 
 /// `$4` wait in ms, `$5` 1 to give the attempt back, `$6` error (NULL keeps
 /// the last one).
-const SETTLE_RELEASE: &str = "SELECT * FROM {s}.settle_release($1, $2, $3, $4, $5, $6)";
+const SETTLE_RELEASE: &str =
+    "SELECT s.ord FROM {s}.settle_release($1, $2, $3, $4, $5, $6) AS s(ord){nowait}";
 
 /// `$4` error.
-const SETTLE_BURY: &str = "SELECT * FROM {s}.settle_bury($1, $2, $3, $4)";
+const SETTLE_BURY: &str = "SELECT s.ord FROM {s}.settle_bury($1, $2, $3, $4) AS s(ord){nowait}";
+
+/// Added to the claim and settle statements when runs commit without
+/// waiting for their WAL flush ([`RunCommits::Unflushed`]): `set_config`'s
+/// third argument makes the setting last to the end of the statement's own
+/// transaction, so it is in force when that transaction commits and
+/// nowhere else. Evaluated once, whichever side of the join the planner
+/// puts it on; a statement that returns no row changed no row, so it has
+/// nothing to flush either way.
+const NOWAIT: &str = ", set_config('synchronous_commit', 'off', true) AS nowait";
+
+/// Whether claims and settles wait for their commit's WAL flush.
+///
+/// Emits, renewals, rules and the sweep always commit as the connection
+/// is configured. A claim or settle whose unflushed commit a crash of the
+/// PostgreSQL server loses leaves the event as it was before: it is
+/// claimed and run again, a duplicate run that at-least-once delivery
+/// already allows, never a lost event.
+/// docs/adr/0012-unflushed-run-commits.md says what it saves and costs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RunCommits {
+    /// Claims and settles commit as the connection is configured (the
+    /// default; PostgreSQL's default waits for the flush): a crash of the
+    /// PostgreSQL server runs no finished event again.
+    #[default]
+    Flushed,
+    /// Claims and settles commit with `synchronous_commit = off`: they
+    /// return before the WAL writer flushes them (at most three
+    /// `wal_writer_delay`s later, 600 ms by default), which takes a flush
+    /// wait off every event's way from emit to start.
+    Unflushed,
+}
 
 /// Extends held leases. `$1` lease in ms, `$2` ids, `$3` tokens, `$4`
 /// positions. Another HOT update.
@@ -311,9 +343,14 @@ pub(crate) struct Sql {
 }
 
 impl Sql {
-    /// The statements for the schema whose quoted name is `quoted`.
-    pub(crate) fn new(quoted: &str) -> Sql {
-        let f = |t: &str| fill(t, quoted);
+    /// The statements for the schema whose quoted name is `quoted`, with
+    /// claims and settles committing as `runs` says.
+    pub(crate) fn new(quoted: &str, runs: RunCommits) -> Sql {
+        let nowait = match runs {
+            RunCommits::Unflushed => NOWAIT,
+            RunCommits::Flushed => "",
+        };
+        let f = |t: &str| fill(&t.replace("{nowait}", nowait), quoted);
         Sql {
             schema: quoted.to_string(),
             claim: f(CLAIM),
@@ -427,7 +464,7 @@ mod tests {
 
     #[test]
     fn templates_are_filled() {
-        let sql = Sql::new("\"x\"");
+        let sql = Sql::new("\"x\"", RunCommits::Unflushed);
         for s in [
             &sql.claim,
             &sql.inspect,
@@ -437,6 +474,19 @@ mod tests {
         ] {
             assert!(!s.contains('{'), "{s}");
             assert!(s.contains("\"x\"."), "{s}");
+        }
+    }
+
+    #[test]
+    fn only_claims_and_settles_skip_the_flush() {
+        let unflushed = Sql::new("\"x\"", RunCommits::Unflushed);
+        let flushed = Sql::new("\"x\"", RunCommits::Flushed);
+        for (name, s) in unflushed.named() {
+            let run = name == "claim" || name.starts_with("settle_");
+            assert_eq!(s.contains("synchronous_commit"), run, "{name}: {s}");
+        }
+        for (name, s) in flushed.named() {
+            assert!(!s.contains("synchronous_commit"), "{name}: {s}");
         }
     }
 }

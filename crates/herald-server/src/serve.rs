@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use herald::{Client, Context, Handler, MemoryQueue, Queue, Store, StoreError, Worker};
-use herald_postgres::PgStore;
+use herald_postgres::{PgStore, RunCommits};
 
 use crate::handlers::{self, HandlerConfig};
 use herald_sqlite::SqliteStore;
@@ -341,7 +341,13 @@ pub(crate) async fn open_store(config: &ServeConfig) -> Result<Arc<dyn Store>, S
             let pool = sqlx::postgres::PgPoolOptions::new()
                 .max_connections(config.pg_max_connections)
                 .acquire_timeout(config.pg_acquire_timeout);
-            Arc::new(PgStore::connect_with(pool, options, &config.pg_schema).await?)
+            let runs = if config.pg_async_run_commits {
+                RunCommits::Unflushed
+            } else {
+                RunCommits::Flushed
+            };
+            let store = PgStore::connect_with(pool, options, &config.pg_schema).await?;
+            Arc::new(store.with_run_commits(runs))
         }
     })
 }

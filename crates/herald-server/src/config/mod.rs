@@ -153,6 +153,10 @@ pub struct ServeConfig {
     pub pg_max_connections: u32,
     /// How long a store call waits for a free PostgreSQL connection.
     pub pg_acquire_timeout: Duration,
+    /// Whether claims and settles commit with `synchronous_commit = off`
+    /// (`herald_postgres::RunCommits::Unflushed`; emits always wait for
+    /// their flush).
+    pub pg_async_run_commits: bool,
     /// The HTTP API's address.
     pub listen: SocketAddr,
     /// The largest payload, in bytes of JSON text.

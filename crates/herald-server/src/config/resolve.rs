@@ -70,6 +70,7 @@ pub(super) fn resolve(mut raw: FileConfig, origins: &Origins) -> Result<ServeCon
         queue,
         pg_max_connections: limits.pg_max_connections,
         pg_acquire_timeout: limits.pg_acquire_timeout,
+        pg_async_run_commits: raw.pg_async_run_commits.unwrap_or(false),
         listen: limits.listen,
         max_payload_bytes: limits.max_payload_bytes,
         max_request_bytes: limits.max_request_bytes,

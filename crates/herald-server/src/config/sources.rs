@@ -52,6 +52,11 @@ pub(super) const ENV_KEYS: &[(&str, &str, Kind)] = &[
         "pg_acquire_timeout",
         Kind::Text,
     ),
+    (
+        "HERALD_PG_ASYNC_RUN_COMMITS",
+        "pg_async_run_commits",
+        Kind::Boolean,
+    ),
     ("HERALD_LISTEN", "listen", Kind::Text),
     ("HERALD_NOTIFY_LINGER", "notify_linger", Kind::Text),
     (

@@ -358,6 +358,10 @@ fn nats_and_pool_settings_have_defaults() {
     assert_eq!(n.ack_wait, c.worker.lease, "the ack wait is the lease");
     assert_eq!(c.pg_max_connections, 10);
     assert_eq!(c.pg_acquire_timeout, Duration::from_secs(10));
+    assert!(
+        !c.pg_async_run_commits,
+        "claims and settles wait for the flush by default"
+    );
 }
 
 #[test]
@@ -366,7 +370,7 @@ fn nats_and_pool_settings_are_read_from_the_file_and_the_environment() {
     let creds = dir.path().join("herald.creds");
     std::fs::write(&creds, "").unwrap();
     let file = format!(
-        "queue = \"nats://n1:4222\"\nnats_replicas = 3\nnats_max_ack_pending = 250000\nnats_credentials = \"{}\"\npg_max_connections = 32\npg_acquire_timeout = \"2s\"\n",
+        "queue = \"nats://n1:4222\"\nnats_replicas = 3\nnats_max_ack_pending = 250000\nnats_credentials = \"{}\"\npg_max_connections = 32\npg_acquire_timeout = \"2s\"\npg_async_run_commits = true\n",
         creds.display()
     );
     let c = load_with(Some(&file), &[], Overrides::default()).unwrap();
@@ -377,6 +381,7 @@ fn nats_and_pool_settings_are_read_from_the_file_and_the_environment() {
     assert_eq!(n.credentials, Some(creds.clone()));
     assert_eq!(c.pg_max_connections, 32);
     assert_eq!(c.pg_acquire_timeout, Duration::from_secs(2));
+    assert!(c.pg_async_run_commits);
     let c = load_with(
         Some(&file),
         &[
@@ -384,6 +389,7 @@ fn nats_and_pool_settings_are_read_from_the_file_and_the_environment() {
             ("HERALD_NATS_MAX_ACK_PENDING", "7"),
             ("HERALD_PG_MAX_CONNECTIONS", "4"),
             ("HERALD_PG_ACQUIRE_TIMEOUT", "500ms"),
+            ("HERALD_PG_ASYNC_RUN_COMMITS", "no"),
         ],
         Overrides::default(),
     )
@@ -397,6 +403,10 @@ fn nats_and_pool_settings_are_read_from_the_file_and_the_environment() {
         (5, 7, 4)
     );
     assert_eq!(c.pg_acquire_timeout, Duration::from_millis(500));
+    assert!(
+        !c.pg_async_run_commits,
+        "the environment overrides the file"
+    );
     let c = load_with(
         None,
         &[
