@@ -7,6 +7,7 @@
 #   bench/fleet-drain.sh
 #   QUEUES="nats pubsub" WORKERS="1 3" bench/fleet-drain.sh
 #   RUNS=5 EVENTS=100000 WORKERS="1 3" EXTRA="--concurrency 256" bench/fleet-drain.sh
+#   EXTRA="--notify-max-ids 1" bench/fleet-drain.sh   # one message per event, as before batching
 #   STORE=postgres://… NATS=nats://… HERALD=/path/to/herald bench/fleet-drain.sh
 #   QUIET=1.0 bench/fleet-drain.sh   # before each run, wait (up to 30 min) for
 #                                    # the 1-minute load average to drop below 1.0

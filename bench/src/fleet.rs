@@ -14,7 +14,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use herald::Queue;
+use herald::{MessageLimits, Queue};
 use herald_nats::{NatsConfig, NatsQueue};
 use herald_postgres::PgStore;
 use herald_pubsub::{PubsubConfig, PubsubQueue};
@@ -157,7 +157,8 @@ pub struct Scratch {
     /// The schema's name, which is also the stream's (or topic's).
     pub name: String,
     /// Top-level `herald.toml` keys for the queue, with their TOML values
-    /// (`pubsub_max_outstanding`).
+    /// (`pubsub_max_outstanding`, `notify_max_ids`); `pubsub_…` keys are
+    /// written only on Pub/Sub.
     pub queue_keys: Vec<(String, String)>,
     /// Keep the directory (config files, worker logs) after the run.
     pub keep_dir: bool,
@@ -226,16 +227,28 @@ impl Scratch {
     /// a consumer whose `AckWait` is not their lease); or on the topic and
     /// subscription, whose ack deadline follows from the lease.
     pub async fn queue(&self, lease: Duration) -> BenchQueue {
+        self.queue_with(lease, MessageLimits::default()).await
+    }
+
+    /// [`Scratch::queue`] whose publishers make notifications of at most
+    /// `limits` (`ids: 1` is one event per message, as before ADR 0010).
+    pub async fn queue_with(&self, lease: Duration, limits: MessageLimits) -> BenchQueue {
         match &self.broker {
             Broker::Nats(url) => BenchQueue::Nats(Arc::new(
-                NatsQueue::connect(NatsConfig::new(url.clone(), &self.name, lease))
-                    .await
-                    .expect("connect to NATS and create the scratch stream"),
+                NatsQueue::connect(NatsConfig {
+                    message_limits: limits,
+                    ..NatsConfig::new(url.clone(), &self.name, lease)
+                })
+                .await
+                .expect("connect to NATS and create the scratch stream"),
             )),
             Broker::Pubsub(host) => BenchQueue::Pubsub(Arc::new(
-                PubsubQueue::connect(self.pubsub_config(host, lease))
-                    .await
-                    .expect("connect to the Pub/Sub emulator and create the scratch topic"),
+                PubsubQueue::connect(PubsubConfig {
+                    message_limits: limits,
+                    ..self.pubsub_config(host, lease)
+                })
+                .await
+                .expect("connect to the Pub/Sub emulator and create the scratch topic"),
             )),
         }
     }
@@ -268,9 +281,11 @@ impl Scratch {
                 ))
             ),
         };
-        // Pub/Sub's keys only go with Pub/Sub: the others are checked too.
-        if matches!(self.broker, Broker::Pubsub(_)) {
-            for (k, v) in &self.queue_keys {
+        // Pub/Sub's keys only go with Pub/Sub: a configuration on another
+        // queue refuses them.
+        let pubsub = matches!(self.broker, Broker::Pubsub(_));
+        for (k, v) in &self.queue_keys {
+            if pubsub || !k.starts_with("pubsub_") {
                 text.push_str(&format!("{k} = {v}\n"));
             }
         }

@@ -88,6 +88,11 @@ struct Args {
     /// `worker.lease` in seconds (also the NATS consumer's AckWait).
     #[arg(long, default_value_t = 30)]
     lease_secs: u64,
+    /// Most events per notification, for the emitter and the workers
+    /// (`notify_max_ids`; 1 is one message per event, as before batched
+    /// notifications). Default: herald's.
+    #[arg(long)]
+    notify_max_ids: Option<usize>,
     /// Events per emit batch.
     #[arg(long, default_value_t = 1000)]
     emit_batch: usize,
@@ -130,7 +135,14 @@ async fn main() {
         .queue_keys
         .push(("pubsub_pull".into(), fleet::toml_string(&args.pubsub_pull)));
     let store = Arc::new(scratch.store(8).await);
-    let bench_queue = scratch.queue(lease).await;
+    let mut limits = herald::MessageLimits::default();
+    if let Some(ids) = args.notify_max_ids {
+        limits.ids = ids;
+        scratch
+            .queue_keys
+            .push(("notify_max_ids".into(), ids.to_string()));
+    }
+    let bench_queue = scratch.queue_with(lease, limits).await;
     let queue = bench_queue.queue();
     let client = Client::new(store.clone(), queue.clone());
 
