@@ -172,6 +172,22 @@ fn read_run(dir: &Path) -> Option<Row> {
     })
 }
 
+/// A run directory's place in the report: by its name (`SYSTEM.CASE` or
+/// `SYSTEM.CASE.RATE`), a latency run's rate compared as a number, so that
+/// 10000 comes after 2500.
+fn run_order(dir: &Path) -> (String, u64) {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    match name.rsplit_once('.') {
+        Some((head, rate)) if rate.parse::<u64>().is_ok() => {
+            (head.to_string(), rate.parse().unwrap_or(0))
+        }
+        _ => (name, 0),
+    }
+}
+
 /// Writes `report.md` and the charts into `args.dir`.
 pub fn run(args: ReportArgs) -> Result<(), BenchError> {
     let runs = args.dir.join("runs");
@@ -180,7 +196,7 @@ pub fn run(args: ReportArgs) -> Result<(), BenchError> {
         reason: e.to_string(),
     })?;
     let mut dirs: Vec<PathBuf> = entries.filter_map(|e| Some(e.ok()?.path())).collect();
-    dirs.sort();
+    dirs.sort_by_key(|d| run_order(d));
     let rows: Vec<Row> = dirs.iter().filter_map(|d| read_run(d)).collect();
     let mut md = String::new();
     if let Ok(machine) = std::fs::read_to_string(args.dir.join("machine.txt")) {
@@ -203,8 +219,9 @@ pub fn run(args: ReportArgs) -> Result<(), BenchError> {
         let scenario = r.result["scenario"].as_str().unwrap_or("");
         let rate = match scenario {
             "latency" | "long-horizon" => format!(
-                "{:.0} offered",
-                r.result["achieved_rate"].as_f64().unwrap_or(0.0)
+                "{:.0} of {:.0} offered",
+                r.result["achieved_rate"].as_f64().unwrap_or(0.0),
+                r.result["rate"].as_f64().unwrap_or(0.0)
             ),
             "idle" | "rescue" => "–".into(),
             _ => format!("{:.0}", r.result["events_per_s"].as_f64().unwrap_or(0.0)),
@@ -512,6 +529,32 @@ mod tests {
             "{md}"
         );
         assert!(dir.path().join("drain.svg").exists());
+    }
+
+    #[test]
+    fn latency_runs_are_in_the_order_of_their_rates() {
+        let mut dirs: Vec<PathBuf> = [
+            "x.latency.10000",
+            "x.latency.2500",
+            "x.clean",
+            "x.latency.500",
+            "a.latency.1000",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+        dirs.sort_by_key(|d| run_order(d));
+        let names: Vec<&str> = dirs.iter().map(|d| d.to_str().unwrap()).collect();
+        assert_eq!(
+            names,
+            [
+                "a.latency.1000",
+                "x.clean",
+                "x.latency.500",
+                "x.latency.2500",
+                "x.latency.10000"
+            ]
+        );
     }
 
     fn run_report(dir: &Path) {
