@@ -69,7 +69,7 @@ const NOWAIT: &str = ", set_config('synchronous_commit', 'off', true) AS nowait"
 pub enum RunCommits {
     /// Claims and settles commit as the connection is configured (the
     /// default; PostgreSQL's default waits for the flush): a crash of the
-    /// PostgreSQL server runs no finished event again.
+    /// PostgreSQL server loses no claim or settle that returned.
     #[default]
     Flushed,
     /// Claims and settles commit with `synchronous_commit = off`: they

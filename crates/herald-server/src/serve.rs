@@ -342,6 +342,9 @@ pub(crate) async fn open_store(config: &ServeConfig) -> Result<Arc<dyn Store>, S
                 .max_connections(config.pg_max_connections)
                 .acquire_timeout(config.pg_acquire_timeout);
             let runs = if config.pg_async_run_commits {
+                tracing::info!(
+                    "pg_async_run_commits: claims and settles commit without waiting for their WAL flush; a crash of PostgreSQL can run the events of its last ~600 ms again"
+                );
                 RunCommits::Unflushed
             } else {
                 RunCommits::Flushed
