@@ -75,7 +75,6 @@ pub struct PgStore {
     sql: Arc<Sql>,
     location: Arc<str>,
     ring_times: RingTimes,
-    runs: RunCommits,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -180,7 +179,6 @@ impl PgStore {
             location: location.into(),
             pool,
             ring_times: RingTimes::default(),
-            runs: RunCommits::default(),
         })
     }
 
@@ -217,13 +215,7 @@ impl PgStore {
     /// ([`RunCommits`]; by default they do).
     pub fn with_run_commits(mut self, runs: RunCommits) -> PgStore {
         self.sql = Arc::new(Sql::new(&self.schema.quoted, runs));
-        self.runs = runs;
         self
-    }
-
-    /// How claims and settles commit.
-    pub fn run_commits(&self) -> RunCommits {
-        self.runs
     }
 
     /// The pool.

@@ -138,6 +138,5 @@ async fn by_default_every_commit_waits_as_the_connection_says() {
     let Some((store, schema)) = store_on_one_connection(test).await else {
         return;
     };
-    assert_eq!(store.run_commits(), RunCommits::Flushed, "the default");
     assert_eq!(one_round(&store, &schema).await, expected("on"));
 }

@@ -180,12 +180,10 @@ fn run_order(dir: &Path) -> (String, u64) {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    match name.rsplit_once('.') {
-        Some((head, rate)) if rate.parse::<u64>().is_ok() => {
-            (head.to_string(), rate.parse().unwrap_or(0))
-        }
-        _ => (name, 0),
+    if let Some((head, Ok(rate))) = name.rsplit_once('.').map(|(h, r)| (h, r.parse())) {
+        return (head.to_string(), rate);
     }
+    (name, 0)
 }
 
 /// Writes `report.md` and the charts into `args.dir`.
