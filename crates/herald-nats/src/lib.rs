@@ -50,7 +50,7 @@ use async_nats::{ConnectErrorKind, HeaderMap};
 use async_trait::async_trait;
 use futures::StreamExt;
 use herald::queue::{
-    Delivery, DeliveryTag, MessageLimits, Publish, Queue, QueueError, QueueResult,
+    Delivery, DeliveryTag, MessageLimits, Publish, Queue, QueueError, QueueResult, Retention,
 };
 use herald::redact::redact_credentials;
 use tokio_util::sync::CancellationToken;
@@ -592,8 +592,8 @@ impl Queue for NatsQueue {
         self.config.message_limits
     }
 
-    fn durable(&self) -> bool {
-        true
+    fn retention(&self) -> Retention {
+        Retention::Durable
     }
 
     async fn close(&self) {

@@ -119,7 +119,7 @@ async fn a_renotify_of_the_same_event_is_not_swallowed() {
         got.extend(more);
     }
     assert_eq!(got.len(), 2);
-    assert!(q.durable());
+    assert_eq!(q.retention(), herald::queue::Retention::Durable);
     assert_eq!(q.max_delay(), None);
 }
 

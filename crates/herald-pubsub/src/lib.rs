@@ -69,7 +69,7 @@ use gcloud_pubsub::client::Client;
 use gcloud_pubsub::publisher::Publisher;
 use gcloud_pubsub::subscription::{MessageStream, Subscription};
 use herald::queue::{
-    Delivery, DeliveryTag, MessageLimits, Publish, Queue, QueueError, QueueResult,
+    Delivery, DeliveryTag, MessageLimits, Publish, Queue, QueueError, QueueResult, Retention,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -357,8 +357,8 @@ impl Queue for PubsubQueue {
         self.inner.config.message_limits
     }
 
-    fn durable(&self) -> bool {
-        true
+    fn retention(&self) -> Retention {
+        Retention::Durable
     }
 
     async fn close(&self) {

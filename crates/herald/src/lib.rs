@@ -29,7 +29,7 @@ pub use model::{
     AttemptError, Emitted, Event, EventId, EventState, Lease, LeaseToken, Millis, NewEvent,
     Notification, Rule, RuleKind, RuleMatch, Subscription,
 };
-pub use queue::{Delivery, DeliveryTag, MessageLimits, Publish, Queue, QueueError};
+pub use queue::{Delivery, DeliveryTag, MessageLimits, Publish, Queue, QueueError, Retention};
 pub use retry::{RetryPolicy, DEFAULT_MAX_ATTEMPTS};
 pub use store::{
     CappedCount, CountsQuery, EventFilter, HandlerCounts, Leadership, PendingSample, Store,

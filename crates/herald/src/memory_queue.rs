@@ -1,6 +1,6 @@
 //! The in-process delay queue: the embedded default. Nothing survives the
-//! process, so it reports itself as not durable and the reconciler notifies
-//! every due event once at start.
+//! process, so it reports when it began ([`Retention::Process`]) and the
+//! reconciler's first sweep notifies every due event last notified before.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::queue::{Delivery, DeliveryTag, MessageLimits, Publish, Queue, QueueResult};
+use crate::queue::{Delivery, DeliveryTag, MessageLimits, Publish, Queue, QueueResult, Retention};
 
 /// A delay queue in memory with ack deadlines, like a broker's.
 pub struct MemoryQueue {
@@ -18,6 +18,7 @@ pub struct MemoryQueue {
     wake: Notify,
     ack_wait: Duration,
     limits: MessageLimits,
+    since: std::time::Instant,
 }
 
 #[derive(Default)]
@@ -96,6 +97,7 @@ impl MemoryQueue {
             wake: Notify::new(),
             ack_wait,
             limits: MessageLimits::default(),
+            since: std::time::Instant::now(),
         }
     }
 
@@ -239,8 +241,8 @@ impl Queue for MemoryQueue {
         self.limits
     }
 
-    fn durable(&self) -> bool {
-        false
+    fn retention(&self) -> Retention {
+        Retention::Process { since: self.since }
     }
 
     async fn close(&self) {

@@ -210,8 +210,8 @@ mod tests {
         fn max_delay(&self) -> Option<Duration> {
             self.inner.max_delay()
         }
-        fn durable(&self) -> bool {
-            false
+        fn retention(&self) -> crate::queue::Retention {
+            self.inner.retention()
         }
         async fn close(&self) {
             self.inner.close().await

@@ -3,7 +3,7 @@
 //! [`Notification`] (a tenant and event ids) as bytes.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
@@ -136,6 +136,20 @@ impl From<Scheduled> for Publish {
     }
 }
 
+/// What a queue keeps of the messages published to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Retention {
+    /// Messages survive a restart of this process (a broker holds them).
+    Durable,
+    /// Messages live in this process: the queue holds every message
+    /// published to it since `since` (its creation), and a restarted
+    /// process starts with an empty one.
+    Process {
+        /// When the queue was created.
+        since: Instant,
+    },
+}
+
 /// A message queue with delays, acks and deadlines.
 ///
 /// A delivered message stays in flight until it is acked, nacked, or its
@@ -175,9 +189,10 @@ pub trait Queue: Send + Sync + 'static {
         MessageLimits::default()
     }
 
-    /// Whether messages survive a restart of this process. When they don't,
-    /// the reconciler notifies every due event once at start.
-    fn durable(&self) -> bool;
+    /// What the queue keeps across a restart of this process. For one that
+    /// keeps nothing, the reconciler's first sweep notifies every due event
+    /// last notified before the queue began.
+    fn retention(&self) -> Retention;
 
     /// Stops deliveries: pending and future `receive` calls return empty.
     async fn close(&self);

@@ -216,6 +216,7 @@ macro_rules! engine_suite {
             late_completion_is_refused_by_the_fence,
             lost_notification_is_run_by_the_reconciler,
             every_stored_event_runs_after_a_restart,
+            the_first_sweep_leaves_what_the_queue_holds,
             crash_looping_handler_ends_dead,
             failures_retry_with_backoff_then_succeed,
             snooze_gives_the_attempt_back,

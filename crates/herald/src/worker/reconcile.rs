@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::telemetry::RunEvent;
 use super::WorkerState;
 use crate::model::Millis;
-use crate::queue::Publish;
+use crate::queue::{Publish, Retention};
 
 /// The leader row's name.
 const ROLE: &str = "reconciler";
@@ -16,6 +16,12 @@ const ROLE: &str = "reconciler";
 const PAGE: usize = 1000;
 /// The shortest wait between two passes, and a follower's jitter.
 const MIN_PASS: Duration = Duration::from_millis(20);
+/// The first sweep of a queue that forgets on restart also takes events
+/// notified up to this long after the queue began: an emit in the
+/// millisecond the queue was created, or a store whose clock runs behind
+/// this process's, would otherwise wait out a quiet period. The cost is a
+/// second notification of what this process notified in that time.
+const CLOCK_SLACK: Duration = Duration::from_millis(100);
 
 pub(super) async fn reconcile_loop(shared: Arc<WorkerState>) {
     let cfg = &shared.config;
@@ -26,8 +32,13 @@ pub(super) async fn reconcile_loop(shared: Arc<WorkerState>) {
     // At least once per heartbeat, so that an expired lease is found within
     // a heartbeat of its expiry, whatever `sweep_every` says.
     let every = cfg.sweep_every.min(cfg.lease / 3).max(MIN_PASS);
-    // A queue that forgets on restart gets every due event once at start.
-    let mut full_sweep = !shared.queue.durable();
+    // A queue that forgets on restart: its first sweep notifies every due
+    // event last notified before the queue began (an earlier process's
+    // queue held those); what was notified since is in this queue.
+    let mut first_sweep_since = match shared.queue.retention() {
+        Retention::Durable => None,
+        Retention::Process { since } => Some(since),
+    };
     let mut leading = false;
     loop {
         let wait = match shared.store.lead(ROLE, &cfg.name, lead_for).await {
@@ -37,13 +48,14 @@ pub(super) async fn reconcile_loop(shared: Arc<WorkerState>) {
                     leading = l.leading;
                 }
                 if leading {
-                    let quiet = if full_sweep {
-                        Duration::ZERO
-                    } else {
-                        cfg.sweep_quiet
-                    };
+                    let quiet = first_sweep_since.map_or(cfg.sweep_quiet, |since| {
+                        since
+                            .elapsed()
+                            .saturating_sub(CLOCK_SLACK)
+                            .min(cfg.sweep_quiet)
+                    });
                     if sweep(&shared, quiet).await {
-                        full_sweep = false;
+                        first_sweep_since = None;
                         shared.record(RunEvent::Swept);
                     }
                     purge(&shared).await;

@@ -59,8 +59,9 @@ counters! {
     store_errors,
     /// Notifications the reconciler published.
     reconciled,
-    /// Reconciler sweeps completed by this worker while it led (the first
-    /// one, at start, is the full sweep of a queue that forgets on restart).
+    /// Reconciler sweeps completed by this worker while it led (with a
+    /// queue that forgets on restart, the first one, at start, notifies
+    /// every due event last notified before the queue began).
     sweeps,
     /// Occurrences' events the scheduler stored while this worker led it.
     scheduled,

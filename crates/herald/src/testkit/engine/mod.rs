@@ -221,10 +221,11 @@ impl Rig {
     }
 
     /// Waits until `w` has led and finished its first sweep. The in-process
-    /// queue forgets on restart, so that sweep notifies every due event
-    /// whatever its quiet period: an event emitted before it ends may be
-    /// notified twice. Later sweeps never offer an event under a live lease,
-    /// nor one released or notified less than `sweep_quiet` ago.
+    /// queue forgets on restart, so that sweep notifies every due event last
+    /// notified before the queue began, or in its first 100 ms, whatever its
+    /// quiet period: an event emitted then may be notified twice. Later
+    /// sweeps never offer an event under a live lease, nor one released or
+    /// notified less than `sweep_quiet` ago.
     async fn swept(&self, w: &Worker) {
         eventually("the first sweep ends", SOON, || {
             let n = w.stats().sweeps;
