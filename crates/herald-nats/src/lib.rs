@@ -48,7 +48,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use async_nats::jetstream::{self, consumer, stream, AckKind};
 use async_nats::{ConnectErrorKind, HeaderMap};
 use async_trait::async_trait;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use herald::queue::{
     Delivery, DeliveryTag, MessageLimits, Publish, Queue, QueueError, QueueResult, Retention,
 };
@@ -63,9 +63,9 @@ pub const NOT_BEFORE: &str = "Herald-Not-Before";
 const PULL_WAIT: Duration = Duration::from_secs(5);
 
 /// How long a pull may go without a message or its end before it is given
-/// up. A pull whose answer was lost (the server restarted between the
-/// request and the answer) would otherwise never end: a no-wait fetch has
-/// no timer of its own. A waiting pull ends by itself after `PULL_WAIT`.
+/// up. A waiting pull ends by itself after `PULL_WAIT`, when the server
+/// says so; one whose request or end was lost (the server restarted in
+/// between) would otherwise never end.
 const PULL_STALL: Duration = Duration::from_secs(10);
 
 /// How long an answer to deliveries (ack, nak, in progress, term) may wait
@@ -423,25 +423,43 @@ impl NatsQueue {
         // this future: a dropped `receive` leaves them for the next one.
         let mut state = self.pull.lock().await;
         loop {
-            if state.ready.len() >= max || (!state.ready.is_empty() && state.batch.is_none()) {
+            if !state.ready.is_empty() {
+                // Whatever else the pull has brought already, without waiting.
+                while state.ready.len() < max {
+                    let Some(batch) = state.batch.as_mut() else {
+                        break;
+                    };
+                    match batch.next().now_or_never() {
+                        Some(Some(Ok(m))) => {
+                            let mut out = Vec::new();
+                            self.sort(vec![m], &mut out).await;
+                            state.ready.extend(out);
+                        }
+                        Some(Some(Err(e))) => {
+                            tracing::warn!("pull from {} failed: {e}", self.config.consumer);
+                            state.batch = None;
+                        }
+                        Some(None) => state.batch = None,
+                        None => break,
+                    }
+                }
                 let take = state.ready.len().min(max);
                 return state.ready.drain(..take).collect();
             }
             if state.batch.is_none() {
-                let opened = if state.wait_next {
-                    self.consumer
-                        .batch()
-                        .max_messages(1)
-                        .expires(self.pull_wait())
-                        .messages()
-                        .await
-                } else {
-                    self.consumer
-                        .fetch()
-                        .max_messages(max - state.ready.len())
-                        .messages()
-                        .await
-                };
+                // One waiting pull for what the worker can take now, kept
+                // open across calls until it has brought that many or
+                // expires: a message arriving meanwhile is delivered at
+                // once, without a request per message. It never asks for
+                // more than the free claims, since only its own deliveries
+                // take claims until it ends.
+                let opened = self
+                    .consumer
+                    .batch()
+                    .max_messages(max)
+                    .expires(self.pull_wait())
+                    .messages()
+                    .await;
                 match opened {
                     Ok(b) => state.batch = Some(b),
                     Err(e) => {
@@ -470,7 +488,6 @@ impl NatsQueue {
                     let mut out = Vec::new();
                     self.sort(vec![m], &mut out).await;
                     state.ready.extend(out);
-                    state.wait_next = false;
                 }
                 Some(Err(e)) => {
                     state.batch = None;
@@ -479,11 +496,8 @@ impl NatsQueue {
                     tokio::time::sleep(Duration::from_millis(500)).await;
                     state = self.pull.lock().await;
                 }
-                None => {
-                    state.batch = None;
-                    // An empty no-wait fetch: wait for one next time.
-                    state.wait_next = state.ready.is_empty() && !state.wait_next;
-                }
+                // It brought all it asked for, or expired: pull again.
+                None => state.batch = None,
             }
         }
     }
@@ -495,7 +509,6 @@ impl NatsQueue {
 struct PullState {
     batch: Option<consumer::pull::Batch>,
     ready: Vec<Delivery>,
-    wait_next: bool,
 }
 
 #[async_trait]
