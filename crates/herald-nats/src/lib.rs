@@ -423,28 +423,11 @@ impl NatsQueue {
         // this future: a dropped `receive` leaves them for the next one.
         let mut state = self.pull.lock().await;
         loop {
-            if !state.ready.is_empty() {
-                // Whatever else the pull has brought already, without waiting.
-                while state.ready.len() < max {
-                    let Some(batch) = state.batch.as_mut() else {
-                        break;
-                    };
-                    match batch.next().now_or_never() {
-                        Some(Some(Ok(m))) => {
-                            let mut out = Vec::new();
-                            self.sort(vec![m], &mut out).await;
-                            state.ready.extend(out);
-                        }
-                        Some(Some(Err(e))) => {
-                            tracing::warn!("pull from {} failed: {e}", self.config.consumer);
-                            state.batch = None;
-                        }
-                        Some(None) => state.batch = None,
-                        None => break,
-                    }
-                }
-                let take = state.ready.len().min(max);
-                return state.ready.drain(..take).collect();
+            // With deliveries in hand, only what the pull has already
+            // brought is added, without waiting.
+            let waiting = state.ready.is_empty();
+            if !waiting && (state.ready.len() >= max || state.batch.is_none()) {
+                return state.take(max);
             }
             if state.batch.is_none() {
                 // One waiting pull for what the worker can take now, kept
@@ -471,17 +454,23 @@ impl NatsQueue {
                     }
                 }
             }
-            let next =
-                tokio::time::timeout(PULL_STALL, state.batch.as_mut().expect("opened").next())
-                    .await;
-            let Ok(next) = next else {
-                // Its messages, if any were sent, come back after AckWait.
-                tracing::warn!(
-                    "pull from {} got no answer within {PULL_STALL:?}; pulling again",
-                    self.config.consumer
-                );
-                state.batch = None;
-                continue;
+            let batch = state.batch.as_mut().expect("opened");
+            let next = if waiting {
+                let Ok(next) = tokio::time::timeout(PULL_STALL, batch.next()).await else {
+                    // Its messages, if any were sent, come back after AckWait.
+                    tracing::warn!(
+                        "pull from {} got no answer within {PULL_STALL:?}; pulling again",
+                        self.config.consumer
+                    );
+                    state.batch = None;
+                    continue;
+                };
+                next
+            } else {
+                match batch.next().now_or_never() {
+                    Some(next) => next,
+                    None => return state.take(max),
+                }
             };
             match next {
                 Some(Ok(m)) => {
@@ -492,9 +481,11 @@ impl NatsQueue {
                 Some(Err(e)) => {
                     state.batch = None;
                     tracing::warn!("pull from {} failed: {e}", self.config.consumer);
-                    drop(state);
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                    state = self.pull.lock().await;
+                    if waiting {
+                        drop(state);
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        state = self.pull.lock().await;
+                    }
                 }
                 // It brought all it asked for, or expired: pull again.
                 None => state.batch = None,
@@ -509,6 +500,14 @@ impl NatsQueue {
 struct PullState {
     batch: Option<consumer::pull::Batch>,
     ready: Vec<Delivery>,
+}
+
+impl PullState {
+    /// Up to `max` of the deliveries in hand, oldest first.
+    fn take(&mut self, max: usize) -> Vec<Delivery> {
+        let take = self.ready.len().min(max);
+        self.ready.drain(..take).collect()
+    }
 }
 
 #[async_trait]
