@@ -32,6 +32,9 @@
 #   throughput sizing; any other HERALD_ variable applies too.
 # FULL_SYSTEMS and OTHER_CASES: to shorten a sitting, the systems not in
 #   FULL_SYSTEMS (default: all) run OTHER_CASES instead of CASES.
+# REPEAT (1): how many times each drain case runs, each time in a fresh
+#   database; the report gives the median and the range. REPEAT_CASES
+#   (default every drain case) and REPEAT_SYSTEMS (default all) narrow it.
 # OUT (default bench-results/compare-DATE), PORT (54331), PG_CPU,
 # PEERS_TARGET (the peers' cargo target directory, default target/peers),
 # BUILD=0 (use the binaries already built).
@@ -54,6 +57,9 @@ LH_SAMPLE=${LH_SAMPLE:-5}
 # throughput advice (docs/serve.md, "Sizing"); knobs land in each result.
 export HERALD_WORKER_CONCURRENCY=${HERALD_WORKER_CONCURRENCY:-512}
 export HERALD_WORKER_CLAIM_AHEAD=${HERALD_WORKER_CLAIM_AHEAD:-4096}
+REPEAT=${REPEAT:-1}
+REPEAT_CASES=${REPEAT_CASES:-"clean delayed paused hold-tx stale mid-analyze"}
+REPEAT_SYSTEMS=${REPEAT_SYSTEMS:-$SYSTEMS}
 RESCUE_EVENTS=${RESCUE_EVENTS:-2000}
 RESCUE_TIMEOUT=${RESCUE_TIMEOUT:-120}
 PORT=${PORT:-54331}
@@ -131,6 +137,7 @@ psql -qX "$ADMIN_URL" -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"
   case " $CASES ${OTHER_CASES:-} " in
     *" rescue "*) echo "rescue: events=$RESCUE_EVENTS timeout=$RESCUE_TIMEOUT" ;;
   esac
+  [ "$REPEAT" -le 1 ] || echo "repeat: $REPEAT runs of $REPEAT_CASES for $REPEAT_SYSTEMS"
 } >"$OUT/machine.txt"
 # What the cluster costs with no client at all (checkpointer, WAL writer,
 # autovacuum launcher, statistics): the floor under every idle figure.
@@ -216,10 +223,11 @@ end_run() {
   psql -qX "$ADMIN_URL" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)"
 }
 
-# run SYSTEM CASE SCENARIO ARGS…: one run in a fresh database.
+# run SYSTEM CASE SCENARIO ARGS…: one run in a fresh database; the
+# second and later of a repeated case are SYSTEM.CASE.runK (RUN_SUFFIX).
 run() {
   local system=$1 case=$2 scenario=$3; shift 3
-  local name=$system.$case dir db url broker sampler=
+  local name=$system.$case${RUN_SUFFIX:-} dir db url broker sampler=
   [ "$scenario" = latency ] && name=$name.$(echo "$@" | sed -n 's/.*--rate \([0-9]*\).*/\1/p')
   begin_run "$system" "$case" "$name"
   # shellcheck disable=SC2207
@@ -282,14 +290,24 @@ for system in $SYSTEMS; do
   # directory says what ran; the report leaves the others' cells empty).
   case " ${FULL_SYSTEMS:-$SYSTEMS} " in *" $system "*) ;; *) cases=${OTHER_CASES:-$CASES} ;; esac
   for case in $cases; do
+    reps=1
+    case " $REPEAT_SYSTEMS " in *" $system "*) case " $REPEAT_CASES " in *" $case "*) reps=$REPEAT ;; esac ;; esac
+    for k in $(seq 1 "$reps"); do
+      RUN_SUFFIX=
+      [ "$k" = 1 ] || RUN_SUFFIX=.run$k
+      case $case in
+        clean|hold-tx) run "$system" "$case" drain --events "$EVENTS" ;;
+        delayed|stale|mid-analyze) run "$system" "$case" drain --events "$BACKLOG_EVENTS" --backlog "$BACKLOG" ;;
+        paused)
+          case $system in
+            herald-*) run "$system" "$case" drain --events "$BACKLOG_EVENTS" --backlog "$BACKLOG" --backlog-kind paused ;;
+            *) ;;  # no per-tenant pause to compare with
+          esac ;;
+      esac
+    done
+    RUN_SUFFIX=
     case $case in
-      clean|hold-tx) run "$system" "$case" drain --events "$EVENTS" ;;
-      delayed|stale|mid-analyze) run "$system" "$case" drain --events "$BACKLOG_EVENTS" --backlog "$BACKLOG" ;;
-      paused)
-        case $system in
-          herald-*) run "$system" "$case" drain --events "$BACKLOG_EVENTS" --backlog "$BACKLOG" --backlog-kind paused ;;
-          *) ;;  # no per-tenant pause to compare with
-        esac ;;
+      clean|hold-tx|delayed|stale|mid-analyze|paused) ;;
       latency) for r in $RATES; do run "$system" "$case" latency --rate "$r" --seconds "$LATENCY_SECONDS"; done ;;
       idle) run "$system" "$case" idle --seconds "$IDLE_SECONDS" ;;
       long-horizon)

@@ -12,6 +12,8 @@ use serde_json::Value;
 use super::chart;
 use super::BenchError;
 
+mod targets;
+
 /// Options of `herald bench report`.
 #[derive(clap::Args, Debug)]
 pub struct ReportArgs {
@@ -61,6 +63,9 @@ pub fn parse_marks(text: &str) -> BTreeMap<String, Mark> {
 /// What one run measured between its timed phases.
 #[derive(Debug)]
 struct Row {
+    /// The run directory's name without a repeat's `.runK`: the runs of
+    /// one cell share it.
+    cell: String,
     system: String,
     case: String,
     result: Value,
@@ -81,13 +86,176 @@ struct Row {
 }
 
 impl Row {
-    fn per_1k(&self, v: f64) -> String {
-        if self.events > 0.0 {
-            format!("{:.1}", v * 1000.0 / self.events)
-        } else {
-            "–".into()
+    /// `v` per 1,000 of the run's events (none for a run without events).
+    fn per_1k(&self, v: f64) -> Option<f64> {
+        (self.events > 0.0).then(|| v * 1000.0 / self.events)
+    }
+}
+
+/// A drain's events per second.
+fn events_per_s(r: &Row, _: &Mark) -> Option<f64> {
+    r.result["events_per_s"].as_f64()
+}
+
+/// PostgreSQL's CPU per 1,000 events.
+fn pg_cpu_per_1k(r: &Row, d: &Mark) -> Option<f64> {
+    r.per_1k(d.pg_cpu_ms)
+}
+
+/// The runs of one cell of the table: a system's case (at one rate, for
+/// latency), run once or `REPEAT` times (`SYSTEM.CASE`, `SYSTEM.CASE.run2`…).
+struct Cell<'a> {
+    runs: Vec<&'a Row>,
+}
+
+impl Cell<'_> {
+    fn system(&self) -> &str {
+        &self.runs[0].system
+    }
+
+    fn case(&self) -> &str {
+        &self.runs[0].case
+    }
+
+    /// The runs that finished, with what their hook measured.
+    fn measured(&self) -> Vec<(&Row, Mark)> {
+        self.runs
+            .iter()
+            .filter_map(|r| Some((*r, r.delta?)))
+            .collect()
+    }
+
+    /// `f` of every finished run that gives a value, in order.
+    fn values(&self, f: impl Fn(&Row, &Mark) -> Option<f64>) -> Vec<f64> {
+        let mut v: Vec<f64> = self
+            .measured()
+            .iter()
+            .filter_map(|(r, d)| f(r, d))
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v
+    }
+
+    /// The median of `f` over the finished runs.
+    fn median(&self, f: impl Fn(&Row, &Mark) -> Option<f64>) -> Option<f64> {
+        median(&self.values(f))
+    }
+
+    /// `f` written with `precision` decimals: the one run's value, or the
+    /// median and the range of several; "–" when no run gives one.
+    fn figure(&self, f: impl Fn(&Row, &Mark) -> Option<f64>, precision: usize) -> String {
+        let v = self.values(f);
+        match (median(&v), v.first(), v.last()) {
+            (Some(m), Some(lo), Some(hi)) if v.len() > 1 => {
+                format!("{m:.precision$} ({lo:.precision$}–{hi:.precision$})")
+            }
+            (Some(m), _, _) => format!("{m:.precision$}"),
+            _ => "–".into(),
         }
     }
+}
+
+/// The median of sorted values.
+fn median(sorted: &[f64]) -> Option<f64> {
+    let n = sorted.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(sorted[n / 2]),
+        _ => Some((sorted[n / 2 - 1] + sorted[n / 2]) / 2.0),
+    }
+}
+
+/// Rows in report order grouped into cells (the runs of a cell are next
+/// to each other in that order).
+fn cells(rows: &[Row]) -> Vec<Cell<'_>> {
+    let mut cells: Vec<Cell> = Vec::new();
+    for r in rows {
+        match cells.last_mut() {
+            Some(c) if c.runs[0].cell == r.cell => c.runs.push(r),
+            _ => cells.push(Cell { runs: vec![r] }),
+        }
+    }
+    cells
+}
+
+/// The main table: one line per cell, a repeated cell's figures as the
+/// median and range of its runs.
+fn table(cells: &[Cell], md: &mut String) {
+    md.push_str(
+        "| system | case | events/s | p50 / p99 / max ms | PG CPU ms per 1k | statements per event | system CPU ms per 1k | broker CPU ms per 1k | idle queries/s |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
+    );
+    for c in cells {
+        let done = c.measured();
+        let Some(&(first, d)) = done.first() else {
+            md.push_str(&format!(
+                "| {} | {} | failed (see runs/) | | | | | | |\n",
+                c.system(),
+                c.case()
+            ));
+            continue;
+        };
+        let case = match (c.runs.len(), c.runs.len() - done.len()) {
+            (1, _) => c.case().to_string(),
+            (n, 0) => format!("{} ({n} runs)", c.case()),
+            (n, failed) => format!("{} ({n} runs, {failed} failed)", c.case()),
+        };
+        let scenario = first.result["scenario"].as_str().unwrap_or("");
+        let rate = match scenario {
+            "latency" | "long-horizon" => format!(
+                "{:.0} of {:.0} offered",
+                first.result["achieved_rate"].as_f64().unwrap_or(0.0),
+                first.result["rate"].as_f64().unwrap_or(0.0)
+            ),
+            "idle" | "rescue" => "–".into(),
+            _ => c.figure(events_per_s, 0),
+        };
+        let latency = match &first.result["latency_ms"] {
+            Value::Object(l) => format!(
+                "{:.1} / {:.1} / {:.1}",
+                l["p50"].as_f64().unwrap_or(0.0),
+                l["p99"].as_f64().unwrap_or(0.0),
+                l["max"].as_f64().unwrap_or(0.0)
+            ),
+            _ => "–".into(),
+        };
+        let statements = c.figure(|r, d| (r.events > 0.0).then(|| d.statements / r.events), 2);
+        let idle = if scenario == "idle" && d.wall_ms > 0.0 {
+            format!(
+                "{:.2} ({:.1} ms PG CPU/s)",
+                d.statements * 1000.0 / d.wall_ms,
+                d.pg_cpu_ms * 1000.0 / d.wall_ms
+            )
+        } else {
+            "–".into()
+        };
+        // The ANALYZE's own CPU is the statistics' cost, which any queue
+        // pays; what is left is the queue's cost with the new statistics.
+        let pg_cpu = match first.analyze_cpu_ms {
+            Some(_) => format!(
+                "{} ({} without the ANALYZE's own {} ms)",
+                c.figure(pg_cpu_per_1k, 1),
+                c.figure(pg_cpu_per_1k_without_analyze, 1),
+                c.figure(|r, _| r.analyze_cpu_ms, 0)
+            ),
+            None => c.figure(pg_cpu_per_1k, 1),
+        };
+        let broker = if matches!(c.system(), "herald-nats" | "herald-pubsub") {
+            c.figure(|r, d| r.per_1k(d.broker_cpu_ms), 1)
+        } else {
+            "–".into()
+        };
+        md.push_str(&format!(
+            "| {} | {case} | {rate} | {latency} | {pg_cpu} | {statements} | {} | {broker} | {idle} |\n",
+            c.system(),
+            c.figure(|r, d| r.per_1k(d.peer_cpu_ms), 1),
+        ));
+    }
+}
+
+/// PostgreSQL's CPU per 1,000 events less a mid-drain ANALYZE's own.
+fn pg_cpu_per_1k_without_analyze(r: &Row, d: &Mark) -> Option<f64> {
+    r.per_1k(d.pg_cpu_ms - r.analyze_cpu_ms.unwrap_or(0.0))
 }
 
 fn timed_phases(scenario: &str) -> (&'static str, &'static str) {
@@ -101,11 +269,17 @@ fn timed_phases(scenario: &str) -> (&'static str, &'static str) {
 
 fn read_run(dir: &Path) -> Option<Row> {
     let run = std::fs::read_to_string(dir.join("run.txt")).ok()?;
+    let name = dir.file_name()?.to_string_lossy().into_owned();
+    let cell = match name.rsplit_once(".run") {
+        Some((head, k)) if k.parse::<u32>().is_ok() => head.to_string(),
+        _ => name,
+    };
     let mut lines = run.lines();
     let system = lines.next()?.to_string();
     let case = lines.next()?.to_string();
     if dir.join("failed").exists() {
         return Some(Row {
+            cell,
             system,
             case,
             result: Value::Null,
@@ -160,6 +334,7 @@ fn read_run(dir: &Path) -> Option<Row> {
         _ => result["events"].as_f64().unwrap_or(0.0),
     };
     Some(Row {
+        cell,
         system,
         case,
         result,
@@ -202,73 +377,9 @@ pub fn run(args: ReportArgs) -> Result<(), BenchError> {
         md.push_str(&machine);
         md.push_str("```\n\n");
     }
-    md.push_str(
-        "| system | case | events/s | p50 / p99 / max ms | PG CPU ms per 1k | statements per event | system CPU ms per 1k | broker CPU ms per 1k | idle queries/s |\n\
-         |---|---|---|---|---|---|---|---|---|\n",
-    );
-    for r in &rows {
-        let Some(d) = r.delta else {
-            md.push_str(&format!(
-                "| {} | {} | failed (see runs/) | | | | | | |\n",
-                r.system, r.case
-            ));
-            continue;
-        };
-        let scenario = r.result["scenario"].as_str().unwrap_or("");
-        let rate = match scenario {
-            "latency" | "long-horizon" => format!(
-                "{:.0} of {:.0} offered",
-                r.result["achieved_rate"].as_f64().unwrap_or(0.0),
-                r.result["rate"].as_f64().unwrap_or(0.0)
-            ),
-            "idle" | "rescue" => "–".into(),
-            _ => format!("{:.0}", r.result["events_per_s"].as_f64().unwrap_or(0.0)),
-        };
-        let latency = match &r.result["latency_ms"] {
-            Value::Object(l) => format!(
-                "{:.1} / {:.1} / {:.1}",
-                l["p50"].as_f64().unwrap_or(0.0),
-                l["p99"].as_f64().unwrap_or(0.0),
-                l["max"].as_f64().unwrap_or(0.0)
-            ),
-            _ => "–".into(),
-        };
-        let statements = if r.events > 0.0 {
-            format!("{:.2}", d.statements / r.events)
-        } else {
-            "–".into()
-        };
-        let idle = if scenario == "idle" && d.wall_ms > 0.0 {
-            format!(
-                "{:.2} ({:.1} ms PG CPU/s)",
-                d.statements * 1000.0 / d.wall_ms,
-                d.pg_cpu_ms * 1000.0 / d.wall_ms
-            )
-        } else {
-            "–".into()
-        };
-        // The ANALYZE's own CPU is the statistics' cost, which any queue
-        // pays; what is left is the queue's cost with the new statistics.
-        let pg_cpu = match r.analyze_cpu_ms {
-            Some(a) => format!(
-                "{} ({} without the ANALYZE's own {a:.0} ms)",
-                r.per_1k(d.pg_cpu_ms),
-                r.per_1k(d.pg_cpu_ms - a)
-            ),
-            None => r.per_1k(d.pg_cpu_ms),
-        };
-        md.push_str(&format!(
-            "| {} | {} | {rate} | {latency} | {pg_cpu} | {statements} | {} | {} | {idle} |\n",
-            r.system,
-            r.case,
-            r.per_1k(d.peer_cpu_ms),
-            if matches!(r.system.as_str(), "herald-nats" | "herald-pubsub") {
-                r.per_1k(d.broker_cpu_ms)
-            } else {
-                "–".into()
-            },
-        ));
-    }
+    let cells = cells(&rows);
+    table(&cells, &mut md);
+    targets::targets(&cells, &mut md);
     let parked: Vec<&Row> = rows.iter().filter(|r| r.parking.is_some()).collect();
     if !parked.is_empty() {
         md.push_str(
@@ -302,10 +413,10 @@ pub fn run(args: ReportArgs) -> Result<(), BenchError> {
     for (system, k) in knobs {
         md.push_str(&format!("- **{system}** {k}\n"));
     }
-    let drains: Vec<(String, f64)> = rows
+    let drains: Vec<(String, f64)> = cells
         .iter()
-        .filter(|r| r.case == "clean")
-        .filter_map(|r| Some((r.system.clone(), r.result["events_per_s"].as_f64()?)))
+        .filter(|c| c.case() == "clean")
+        .filter_map(|c| Some((c.system().to_string(), c.median(events_per_s)?)))
         .collect();
     if !drains.is_empty() {
         let path = args.dir.join("drain.svg");
@@ -519,7 +630,7 @@ mod tests {
         let d = row.delta.unwrap();
         assert_eq!(d.pg_cpu_ms, 200.0);
         assert_eq!(d.statements, 4000.0);
-        assert_eq!(row.per_1k(d.pg_cpu_ms), "100.0");
+        assert_eq!(row.per_1k(d.pg_cpu_ms), Some(100.0));
         run_report(dir.path());
         let md = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
         assert!(
@@ -552,6 +663,66 @@ mod tests {
                 "x.latency.2500",
                 "x.latency.10000"
             ]
+        );
+    }
+
+    /// A finished drain run `name` of `events` at `events_per_s`, whose
+    /// PostgreSQL spent `pg_ms` between its timed phases.
+    fn write_drain(dir: &Path, name: &str, events: f64, events_per_s: f64, pg_ms: f64) {
+        let run = dir.join("runs").join(name);
+        std::fs::create_dir_all(&run).unwrap();
+        let mut parts = name.split('.');
+        let (system, case) = (parts.next().unwrap(), parts.next().unwrap());
+        std::fs::write(run.join("run.txt"), format!("{system}\n{case}\nbin\n")).unwrap();
+        std::fs::write(
+            run.join("stdout"),
+            format!(
+                "{{\"scenario\":\"drain\",\"events\":{events},\"events_per_s\":{events_per_s}}}\n"
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            run.join("marks"),
+            format!("drain-start 0 0 0 0 0\ndrain-end 1000 {pg_ms} {events} 0 0\n"),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn repeated_runs_are_one_line_of_medians_and_the_targets_read_the_medians() {
+        let dir = tempfile::tempdir().unwrap();
+        // herald's three clean runs: median 200 events/s, 10 ms per 1,000.
+        write_drain(dir.path(), "herald-memory.clean", 1000.0, 300.0, 9.0);
+        write_drain(dir.path(), "herald-memory.clean.run2", 1000.0, 100.0, 12.0);
+        write_drain(dir.path(), "herald-memory.clean.run3", 1000.0, 200.0, 10.0);
+        write_drain(dir.path(), "herald-memory.paused", 1000.0, 150.0, 13.0);
+        write_drain(dir.path(), "herald-memory.paused.run2", 1000.0, 150.0, 20.0);
+        write_drain(dir.path(), "herald-memory.paused.run3", 1000.0, 150.0, 14.0);
+        write_drain(dir.path(), "graphile-worker-rs.clean", 1000.0, 80.0, 20.0);
+        // The baseline is faster, but it is not a queue.
+        write_drain(dir.path(), "skip-locked.clean", 1000.0, 900.0, 5.0);
+        std::fs::create_dir_all(dir.path().join("runs/pg-boss.clean")).unwrap();
+        std::fs::write(
+            dir.path().join("runs/pg-boss.clean/run.txt"),
+            "pg-boss\nclean\nx\n",
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("runs/pg-boss.clean/failed"), "1").unwrap();
+        run_report(dir.path());
+        let md = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
+        assert!(
+            md.contains("| herald-memory | clean (3 runs) | 200 (100–300) | – | 10.0 (9.0–12.0) |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| pg-boss | clean | failed (see runs/) |"),
+            "{md}"
+        );
+        assert!(md.contains("graphile-worker-rs at 80 events/s"), "{md}");
+        assert!(md.contains("- herald-memory: 200 events/s, 2.50×"), "{md}");
+        assert!(
+            md.contains("| herald-memory | 10.0 | – | 1.40× | – | – | – |"),
+            "{md}"
         );
     }
 
