@@ -7,10 +7,12 @@
 #
 #   bench/worker-sizes.sh
 #   EVENTS=200000 SIZES="64/64 512/4096" bench/worker-sizes.sh   # concurrency/claim_ahead
+#   QUEUE=nats://127.0.0.1:4222 bench/worker-sizes.sh              # another queue (default memory)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 EVENTS=${EVENTS:-100000}
+QUEUE=${QUEUE:-memory}
 SIZES=${SIZES:-"64/64 64/512 256/1024 512/4096"}
 PORT=${PORT:-54332}
 PG_CPU=${PG_CPU:-$ROOT/../shared/tools/pg-cpu}
@@ -24,15 +26,17 @@ source bench/lib/cluster.sh
 trap 'cluster_stop; rm -rf "$work"' EXIT
 cluster_start "$PORT" "$work" "shared_preload_libraries = 'pg_stat_statements'"
 psql -qX "$CLUSTER_URL" -c "CREATE EXTENSION pg_stat_statements" -c "CREATE DATABASE sizes"
-export ADMIN_URL=$CLUSTER_URL PG_CPU CASE=clean DB=sizes BROKER=none PEER_PID_FILE=$work/pid
+BROKER=none
+case $QUEUE in nats://*) BROKER=nats ;; pubsub://*) BROKER=pubsub ;; esac
+export ADMIN_URL=$CLUSTER_URL PG_CPU CASE=clean DB=sizes BROKER PEER_PID_FILE=$work/pid
 url=${CLUSTER_URL%/*}/$DB
-echo "load $(cut -d' ' -f1-3 /proc/loadavg); $EVENTS events a drain"
+echo "load $(cut -d' ' -f1-3 /proc/loadavg); $EVENTS events a drain on $QUEUE"
 echo "concurrency claim_ahead  events/s  PG CPU ms per 1,000  statements per event"
 for size in $SIZES; do
   for _ in 1 2; do
     export MARKS=$work/marks.$RANDOM
     HERALD_WORKER_CONCURRENCY=${size%/*} HERALD_WORKER_CLAIM_AHEAD=${size#*/} \
-      "$HERALD" bench drain --store "$url" --events "$EVENTS" --hook "$ROOT/bench/lib/mark.sh" \
+      "$HERALD" bench drain --store "$url" --queue "$QUEUE" --events "$EVENTS" --hook "$ROOT/bench/lib/mark.sh" \
       >"$work/stdout" 2>"$work/stderr" &
     echo $! >"$PEER_PID_FILE"
     wait $! || { cat "$work/stderr" >&2; exit 1; }
