@@ -27,7 +27,9 @@
 #   (LH_RATE jobs/s of a LH_WORK_MS handler for LH_SECONDS, the database's
 #   dead tuples and size sampled every LH_SAMPLE s into samples.csv),
 #   rescue (a victim process holding RESCUE_EVENTS jobs is SIGKILLed; a
-#   second process runs them, for at most RESCUE_TIMEOUT s).
+#   second process runs them, for at most RESCUE_TIMEOUT s), emit (herald
+#   only: `herald bench emit`, 20,000 single emits 32 at a time, then
+#   200,000 in batches of 1,000; the peers' contract has no emit case).
 # HERALD_WORKER_CONCURRENCY (512) and HERALD_WORKER_CLAIM_AHEAD (4096): herald's
 #   throughput sizing; any other HERALD_ variable applies too.
 # FULL_SYSTEMS and OTHER_CASES: to shorten a sitting, the systems not in
@@ -310,6 +312,8 @@ for system in $SYSTEMS; do
       clean|hold-tx|delayed|stale|mid-analyze|paused) ;;
       latency) for r in $RATES; do run "$system" "$case" latency --rate "$r" --seconds "$LATENCY_SECONDS"; done ;;
       idle) run "$system" "$case" idle --seconds "$IDLE_SECONDS" ;;
+      emit)
+        case $system in herald-*) run "$system" "$case" emit ;; *) ;; esac ;;
       long-horizon)
         [ "$system" = herald-sqlite ] && continue  # its own file: no table samples
         run "$system" "$case" long-horizon --rate "$LH_RATE" --seconds "$LH_SECONDS" --work-ms "$LH_WORK_MS" ;;

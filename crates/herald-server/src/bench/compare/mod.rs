@@ -2,7 +2,8 @@
 //! `DIR/runs/` (each system's JSON line, and the marks its hook took at
 //! each phase) turned into one Markdown table, `DIR/report.md`, and charts:
 //! the clean drain's events/s per system and emit-to-start p50 against
-//! the offered rate.
+//! the offered rate. A cell run several times (`REPEAT`) is written as its
+//! median and range; `targets` reads issue 14's targets from the medians.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -125,7 +126,7 @@ impl Cell<'_> {
             .collect()
     }
 
-    /// `f` of every finished run that gives a value, in order.
+    /// `f` of every finished run that gives a value, sorted.
     fn values(&self, f: impl Fn(&Row, &Mark) -> Option<f64>) -> Vec<f64> {
         let mut v: Vec<f64> = self
             .measured()
@@ -208,6 +209,11 @@ fn table(cells: &[Cell], md: &mut String) {
                 first.result["rate"].as_f64().unwrap_or(0.0)
             ),
             "idle" | "rescue" => "–".into(),
+            "emit" => format!(
+                "{} single, {} batched",
+                c.figure(|r, _| r.result["single_per_s"].as_f64(), 0),
+                c.figure(|r, _| r.result["batched_per_s"].as_f64(), 0)
+            ),
             _ => c.figure(events_per_s, 0),
         };
         let latency = match &first.result["latency_ms"] {
@@ -263,6 +269,7 @@ fn timed_phases(scenario: &str) -> (&'static str, &'static str) {
         "latency" | "long-horizon" => ("run-start", "run-end"),
         "idle" => ("idle-start", "idle-end"),
         "rescue" => ("rescue-start", "rescue-end"),
+        "emit" => ("single-start", "batched-end"),
         _ => ("drain-start", "drain-end"),
     }
 }
@@ -722,6 +729,30 @@ mod tests {
         assert!(md.contains("- herald-memory: 200 events/s, 2.50×"), "{md}");
         assert!(
             md.contains("| herald-memory | 10.0 | – | 1.40× | – | – | – |"),
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn an_emit_run_reads_both_phases_and_gives_both_rates() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("runs").join("herald-sqlite.emit");
+        std::fs::create_dir_all(&run).unwrap();
+        std::fs::write(run.join("run.txt"), "herald-sqlite\nemit\nherald bench emit\n").unwrap();
+        std::fs::write(
+            run.join("stdout"),
+            "{\"scenario\":\"emit\",\"events\":3000,\"single_per_s\":1500.4,\"batched_per_s\":40000}\n",
+        )
+        .unwrap();
+        std::fs::write(
+            run.join("marks"),
+            "single-start 0 0 0 0 0\nsingle-end 500 10 0 30 0\nbatched-start 500 10 0 30 0\nbatched-end 600 30 0 60 0\n",
+        )
+        .unwrap();
+        run_report(dir.path());
+        let md = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
+        assert!(
+            md.contains("| herald-sqlite | emit | 1500 single, 40000 batched | – | 10.0 | 0.00 | 20.0 |"),
             "{md}"
         );
     }
