@@ -738,7 +738,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let run = dir.path().join("runs").join("herald-sqlite.emit");
         std::fs::create_dir_all(&run).unwrap();
-        std::fs::write(run.join("run.txt"), "herald-sqlite\nemit\nherald bench emit\n").unwrap();
+        std::fs::write(
+            run.join("run.txt"),
+            "herald-sqlite\nemit\nherald bench emit\n",
+        )
+        .unwrap();
         std::fs::write(
             run.join("stdout"),
             "{\"scenario\":\"emit\",\"events\":3000,\"single_per_s\":1500.4,\"batched_per_s\":40000}\n",
@@ -752,7 +756,9 @@ mod tests {
         run_report(dir.path());
         let md = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
         assert!(
-            md.contains("| herald-sqlite | emit | 1500 single, 40000 batched | – | 10.0 | 0.00 | 20.0 |"),
+            md.contains(
+                "| herald-sqlite | emit | 1500 single, 40000 batched | – | 10.0 | 0.00 | 20.0 |"
+            ),
             "{md}"
         );
     }
