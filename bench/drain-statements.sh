@@ -36,21 +36,23 @@ psql -qX "$CLUSTER_URL" -c "CREATE EXTENSION pg_stat_statements" -c "CREATE DATA
 url=${CLUSTER_URL%/*}/drain
 # The hook: at drain-start an ANALYZE, the statements' counters reset and
 # PostgreSQL's CPU read; at drain-end the CPU again and the statements of
-# the drain's database, most expensive first.
+# the drain's database, most expensive first (pg_stat_statements lives in
+# the cluster's postgres database, $ADMIN).
 cat >"$work/hook.sh" <<'HOOK'
 #!/usr/bin/env bash
 set -euo pipefail
 case $1 in
   drain-start)
-    psql -qXtA "$URL" -c "ANALYZE" -c "SELECT pg_stat_statements_reset()" >/dev/null
+    psql -qXtA "$URL" -c "ANALYZE" >/dev/null
+    psql -qXtA "$ADMIN" -c "SELECT pg_stat_statements_reset()" >/dev/null
     "$PG_CPU" --now >"$OUT.cpu" ;;
   drain-end)
     echo "$(( ($("$PG_CPU" --now) - $(cat "$OUT.cpu")) * 1000 / $(getconf CLK_TCK) ))" >"$OUT.cpu"
-    psql -qXtA -F' | ' "$URL" -c "SELECT s.calls, s.rows, round(s.total_exec_time::numeric, 1),
+    psql -qXtA -F' | ' "$ADMIN" -c "SELECT s.calls, s.rows, round(s.total_exec_time::numeric, 1),
         round((s.total_exec_time / greatest(s.calls, 1))::numeric, 3),
         left(regexp_replace(s.query, '\s+', ' ', 'g'), 90)
       FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
-      WHERE d.datname = current_database() AND s.query NOT LIKE '%pg_stat_statements%'
+      WHERE d.datname = 'drain' AND s.query NOT LIKE '%pg_stat_statements%'
       ORDER BY s.total_exec_time DESC LIMIT 25" >"$OUT.statements" ;;
 esac
 HOOK
@@ -59,7 +61,7 @@ echo "load $(cut -d' ' -f1-3 /proc/loadavg); $EVENTS events a drain, at $HERALD_
 for run in $(seq 1 "$RUNS"); do
   for queue in $QUEUES; do
     out=$work/$run.$(echo "$queue" | tr -c 'a-z0-9\n' '_')
-    URL=$url PG_CPU=$PG_CPU OUT=$out "$HERALD" bench drain --store "$url" --queue "$queue" \
+    URL=$url ADMIN=$CLUSTER_URL PG_CPU=$PG_CPU OUT=$out "$HERALD" bench drain --store "$url" --queue "$queue" \
       --events "$EVENTS" --hook "$work/hook.sh" >"$out.stdout" 2>"$out.stderr" \
       || { cat "$out.stderr" >&2; exit 1; }
     rate=$(tail -1 "$out.stdout" | python3 -c "import sys, json; print(round(json.load(sys.stdin)['events_per_s']))")
