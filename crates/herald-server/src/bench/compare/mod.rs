@@ -620,19 +620,12 @@ mod tests {
     #[test]
     fn a_run_directory_becomes_a_row_with_its_deltas() {
         let dir = tempfile::tempdir().unwrap();
-        let run = dir.path().join("runs").join("skip-locked.clean");
-        std::fs::create_dir_all(&run).unwrap();
-        std::fs::write(run.join("run.txt"), "skip-locked\nclean\nbin --url x\n").unwrap();
-        std::fs::write(
-            run.join("stdout"),
+        let run = write_run(
+            dir.path(),
+            "skip-locked.clean",
             "log line\n{\"system\":\"skip-locked\",\"version\":\"1\",\"scenario\":\"drain\",\"events\":2000,\"events_per_s\":1000,\"knobs\":{\"workers\":4}}\n",
-        )
-        .unwrap();
-        std::fs::write(
-            run.join("marks"),
             "drain-start 1000 50 7 20 0\ndrain-end 3000 250 4007 120 0\n",
-        )
-        .unwrap();
+        );
         let row = read_run(&run).unwrap();
         let d = row.delta.unwrap();
         assert_eq!(d.pg_cpu_ms, 200.0);
@@ -676,23 +669,27 @@ mod tests {
     /// A finished drain run `name` of `events` at `events_per_s`, whose
     /// PostgreSQL spent `pg_ms` between its timed phases.
     fn write_drain(dir: &Path, name: &str, events: f64, events_per_s: f64, pg_ms: f64) {
+        write_run(
+            dir,
+            name,
+            &format!(
+                "{{\"scenario\":\"drain\",\"events\":{events},\"events_per_s\":{events_per_s}}}\n"
+            ),
+            &format!("drain-start 0 0 0 0 0\ndrain-end 1000 {pg_ms} {events} 0 0\n"),
+        );
+    }
+
+    /// The run directory `runs/NAME` (`SYSTEM.CASE…`) as compare.sh leaves
+    /// it: its command, its output and its hook's marks.
+    fn write_run(dir: &Path, name: &str, stdout: &str, marks: &str) -> PathBuf {
         let run = dir.join("runs").join(name);
         std::fs::create_dir_all(&run).unwrap();
         let mut parts = name.split('.');
         let (system, case) = (parts.next().unwrap(), parts.next().unwrap());
         std::fs::write(run.join("run.txt"), format!("{system}\n{case}\nbin\n")).unwrap();
-        std::fs::write(
-            run.join("stdout"),
-            format!(
-                "{{\"scenario\":\"drain\",\"events\":{events},\"events_per_s\":{events_per_s}}}\n"
-            ),
-        )
-        .unwrap();
-        std::fs::write(
-            run.join("marks"),
-            format!("drain-start 0 0 0 0 0\ndrain-end 1000 {pg_ms} {events} 0 0\n"),
-        )
-        .unwrap();
+        std::fs::write(run.join("stdout"), stdout).unwrap();
+        std::fs::write(run.join("marks"), marks).unwrap();
+        run
     }
 
     #[test]
@@ -736,23 +733,12 @@ mod tests {
     #[test]
     fn an_emit_run_reads_both_phases_and_gives_both_rates() {
         let dir = tempfile::tempdir().unwrap();
-        let run = dir.path().join("runs").join("herald-sqlite.emit");
-        std::fs::create_dir_all(&run).unwrap();
-        std::fs::write(
-            run.join("run.txt"),
-            "herald-sqlite\nemit\nherald bench emit\n",
-        )
-        .unwrap();
-        std::fs::write(
-            run.join("stdout"),
+        write_run(
+            dir.path(),
+            "herald-sqlite.emit",
             "{\"scenario\":\"emit\",\"events\":3000,\"single_per_s\":1500.4,\"batched_per_s\":40000}\n",
-        )
-        .unwrap();
-        std::fs::write(
-            run.join("marks"),
             "single-start 0 0 0 0 0\nsingle-end 500 10 0 30 0\nbatched-start 500 10 0 30 0\nbatched-end 600 30 0 60 0\n",
-        )
-        .unwrap();
+        );
         run_report(dir.path());
         let md = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
         assert!(
