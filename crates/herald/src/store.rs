@@ -194,11 +194,17 @@ impl Scheduled {
 }
 
 /// Where a sweep pass is: its cutoff, fixed by the pass's first page by the
-/// store's clock.
+/// store's clock, and whether the dead workers' source is behind it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SweepPass {
     /// Events notified at or after this are not due for re-notification.
     pub cutoff: Millis,
+    /// A page of this pass has read the dead workers' source to its end
+    /// and notified all it found, so the pass's later pages go straight to
+    /// the quiet source. That source walks every pending event notified
+    /// since the cutoff to test its lease; once per pass is enough (an
+    /// event whose lease lapses meanwhile is the next pass's).
+    pub expired_done: bool,
 }
 
 /// One page of a sweep.

@@ -165,6 +165,8 @@ enum Phase<C> {
 pub struct Sweep<C> {
     now: Millis,
     cutoff: Millis,
+    /// See [`SweepPass::expired_done`].
+    expired_done: bool,
     limit: usize,
     park_cap: usize,
     due: Vec<Scheduled>,
@@ -180,6 +182,7 @@ impl<C: Clone> Sweep<C> {
         Sweep {
             now,
             cutoff: pass.map_or_else(|| now.minus(quiet), |p| p.cutoff),
+            expired_done: pass.is_some_and(|p| p.expired_done),
             limit,
             park_cap: limit.saturating_mul(PARK_FACTOR),
             due: Vec::new(),
@@ -300,8 +303,13 @@ impl<C: Clone> Sweep<C> {
                 };
             }
         }
+        let source = if self.expired_done {
+            Source::Quiet
+        } else {
+            Source::Expired
+        };
         self.phase = Phase::Walking {
-            source: Source::Expired,
+            source,
             after: None,
             asked: 0,
             exhausted: false,
@@ -335,6 +343,9 @@ impl<C: Clone> Sweep<C> {
         }
         match source {
             Source::Expired => {
+                // Read to its end with room left: every candidate found
+                // was taken, so later pages of the pass need not read it.
+                self.expired_done = room && *exhausted;
                 self.phase = Phase::Walking {
                     source: Source::Quiet,
                     after: None,
@@ -357,6 +368,7 @@ impl<C: Clone> Sweep<C> {
             due: std::mem::take(&mut self.due),
             pass: SweepPass {
                 cutoff: self.cutoff,
+                expired_done: self.expired_done,
             },
         })
     }
@@ -395,7 +407,12 @@ mod tests {
         }
 
         fn run(&mut self, limit: usize) -> SweepPage {
-            let mut sweep = Sweep::<usize>::new(Millis(1_000), Duration::ZERO, None, limit);
+            self.run_pass(limit, None)
+        }
+
+        /// One call of the pass `pass`.
+        fn run_pass(&mut self, limit: usize, pass: Option<SweepPass>) -> SweepPage {
+            let mut sweep = Sweep::<usize>::new(Millis(1_000), Duration::ZERO, pass, limit);
             let mut step = sweep.start();
             loop {
                 step = match step {
@@ -540,11 +557,37 @@ mod tests {
     }
 
     #[test]
+    fn later_pages_of_a_pass_skip_the_dead_workers_source_once_it_was_read_to_its_end() {
+        let mut f = Fake::new(&[], &[false; 5]);
+        let first = f.run(2);
+        assert!(first.pass.expired_done);
+        assert!(!first.complete);
+        f.log.clear();
+        let second = f.run_pass(2, Some(first.pass));
+        assert_eq!(f.log, ["read Quiet 0 64", "write 2 0 0"]);
+        assert!(second.pass.expired_done);
+    }
+
+    #[test]
+    fn a_dead_workers_read_cut_short_by_the_page_is_read_again_on_the_next() {
+        // Three expired, a page of two: the third is still to notify.
+        let mut f = Fake::new(&[false; 3], &[]);
+        let first = f.run(2);
+        assert!(!first.pass.expired_done);
+        f.log.clear();
+        f.run_pass(2, Some(first.pass));
+        assert_eq!(f.log[0], "read Expired 0 64");
+    }
+
+    #[test]
     fn a_call_for_nothing_does_nothing_and_keeps_the_pass() {
         let mut sweep = Sweep::<usize>::new(
             Millis(5_000),
             Duration::from_secs(1),
-            Some(SweepPass { cutoff: Millis(42) }),
+            Some(SweepPass {
+                cutoff: Millis(42),
+                expired_done: false,
+            }),
             0,
         );
         match sweep.start() {
