@@ -201,9 +201,10 @@ pub struct SweepPass {
     pub cutoff: Millis,
     /// A page of this pass has read the dead workers' source to its end
     /// and notified all it found, so the pass's later pages go straight to
-    /// the quiet source. That source walks every pending event notified
-    /// since the cutoff to test its lease; once per pass is enough (an
-    /// event whose lease lapses meanwhile is the next pass's).
+    /// the quiet source. Reading the dead workers' source walks every
+    /// pending event notified since the cutoff to test its lease; once per
+    /// pass is enough (an event whose lease lapses meanwhile is the next
+    /// pass's).
     pub expired_done: bool,
 }
 
