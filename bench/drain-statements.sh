@@ -11,7 +11,7 @@
 #   QUEUES=memory EVENTS=50000 RUNS=1 bench/drain-statements.sh
 #
 # HERALD_WORKER_CONCURRENCY (512) and HERALD_WORKER_CLAIM_AHEAD (4096) as
-# in compare.sh; BUILD=0 uses the binary already built.
+# in compare.sh; BUILD=0 uses the binary already built, HERALD=PATH another one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -25,7 +25,7 @@ export HERALD_WORKER_CLAIM_AHEAD=${HERALD_WORKER_CLAIM_AHEAD:-4096}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 [ -x "$PG_CPU" ] || { echo "no pg-cpu at $PG_CPU: set PG_CPU=PATH" >&2; exit 2; }
 [ "${BUILD:-1}" = 0 ] || cargo build --release -q -p herald-server --bin herald
-HERALD=$CARGO_TARGET_DIR/release/herald
+HERALD=${HERALD:-$CARGO_TARGET_DIR/release/herald}
 work=$(mktemp -d /tmp/herald-drain-statements.XXXXXX)
 # shellcheck source=lib/cluster.sh
 source bench/lib/cluster.sh
