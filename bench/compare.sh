@@ -247,6 +247,18 @@ run() {
   end_run $rc
 }
 
+# repeated N SYSTEM CASE SCENARIO ARGS…: run it N times, the second and
+# later as SYSTEM.CASE.runK.
+repeated() {
+  local n=$1 k; shift
+  for k in $(seq 1 "$n"); do
+    RUN_SUFFIX=
+    [ "$k" = 1 ] || RUN_SUFFIX=.run$k
+    run "$@"
+  done
+  RUN_SUFFIX=
+}
+
 # rescue SYSTEM: a victim process takes RESCUE_EVENTS jobs and is SIGKILLed
 # once its handlers are busy (it says so on stdout); then a rescuer process
 # on the same database runs them. The rescuer's result is the run's.
@@ -294,22 +306,14 @@ for system in $SYSTEMS; do
   for case in $cases; do
     reps=1
     case " $REPEAT_SYSTEMS " in *" $system "*) case " $REPEAT_CASES " in *" $case "*) reps=$REPEAT ;; esac ;; esac
-    for k in $(seq 1 "$reps"); do
-      RUN_SUFFIX=
-      [ "$k" = 1 ] || RUN_SUFFIX=.run$k
-      case $case in
-        clean|hold-tx) run "$system" "$case" drain --events "$EVENTS" ;;
-        delayed|stale|mid-analyze) run "$system" "$case" drain --events "$BACKLOG_EVENTS" --backlog "$BACKLOG" ;;
-        paused)
-          case $system in
-            herald-*) run "$system" "$case" drain --events "$BACKLOG_EVENTS" --backlog "$BACKLOG" --backlog-kind paused ;;
-            *) ;;  # no per-tenant pause to compare with
-          esac ;;
-      esac
-    done
-    RUN_SUFFIX=
     case $case in
-      clean|hold-tx|delayed|stale|mid-analyze|paused) ;;
+      clean|hold-tx) repeated "$reps" "$system" "$case" drain --events "$EVENTS" ;;
+      delayed|stale|mid-analyze) repeated "$reps" "$system" "$case" drain --events "$BACKLOG_EVENTS" --backlog "$BACKLOG" ;;
+      paused)
+        case $system in
+          herald-*) repeated "$reps" "$system" "$case" drain --events "$BACKLOG_EVENTS" --backlog "$BACKLOG" --backlog-kind paused ;;
+          *) ;;  # no per-tenant pause to compare with
+        esac ;;
       latency) for r in $RATES; do run "$system" "$case" latency --rate "$r" --seconds "$LATENCY_SECONDS"; done ;;
       idle) run "$system" "$case" idle --seconds "$IDLE_SECONDS" ;;
       emit)
