@@ -37,6 +37,9 @@
 # REPEAT (1): how many times each drain case runs, each time in a fresh
 #   database; the report gives the median and the range. REPEAT_CASES
 #   (default every drain case) and REPEAT_SYSTEMS (default all) narrow it.
+# PUBSUB_PULL (unary): how herald-pubsub pulls from the emulator, which
+#   keeps serving a killed process's streaming pull (docs/pubsub.md, "The
+#   emulator, and where it differs"); streaming is the real service's default.
 # OUT (default bench-results/compare-DATE), PORT (54331), PG_CPU,
 # PEERS_TARGET (the peers' cargo target directory, default target/peers),
 # BUILD=0 (use the binaries already built).
@@ -109,6 +112,7 @@ esac
 case " $SYSTEMS " in
   *" herald-pubsub "*)
     export PUBSUB_EMULATOR_HOST=127.0.0.1:8085
+    export HERALD_PUBSUB_PULL=${PUBSUB_PULL:-unary}
     if ! (exec 3<>/dev/tcp/127.0.0.1/8085) 2>/dev/null; then
       emulator=$(command -v cloud-pubsub-emulator || echo /usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator)
       [ -x "$emulator" ] || { echo "no Pub/Sub emulator (google-cloud-cli-pubsub-emulator; test.sh installs it)" >&2; exit 2; }

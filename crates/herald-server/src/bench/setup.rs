@@ -159,6 +159,13 @@ impl Bench {
         if let StoreLocation::Postgres(_) = self.config.store {
             set("pg_max_connections", json!(self.config.pg_max_connections));
         }
+        if let QueueConfig::Pubsub(c) = &self.config.queue {
+            let pull = match c.pull {
+                herald_pubsub::PullMode::Streaming => "streaming",
+                herald_pubsub::PullMode::Unary => "unary",
+            };
+            set("pubsub_pull", json!(pull));
+        }
         Report {
             system: "herald".into(),
             version: env!("CARGO_PKG_VERSION").into(),
