@@ -6,12 +6,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use herald::Context;
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::Semaphore;
 
 use super::drain::progress;
-use super::report::{cpu_ms, process_cpu, Percentiles, Point};
+use super::report::{cpu_ms, process_cpu, Percentiles, Point, Slow};
 use super::setup::{Bench, Fresh, HANDLER};
 use super::{chart, BenchError, Report, Target};
 
@@ -124,11 +125,15 @@ pub(super) async fn run(args: LatencyArgs) -> Result<Report, BenchError> {
         ));
     }
     let bench = Bench::open(&args.target, Fresh::Empty).await?;
-    let samples: Arc<Mutex<Vec<f64>>> = Arc::default();
+    // (event, emit-to-start ms, attempt): the ids name the outliers.
+    let samples: Arc<Mutex<Vec<(String, f64, u32)>>> = Arc::default();
     let record = samples.clone();
-    let worker = bench.worker(move |s: Stamp, _| {
+    let worker = bench.worker(move |s: Stamp, run: Context| {
         let ms = now_micros().saturating_sub(s.t) as f64 / 1000.0;
-        record.lock().expect("samples").push(ms);
+        record
+            .lock()
+            .expect("samples")
+            .push((run.event_id.to_string(), ms, run.attempt));
         async {}
     });
     // Let the worker settle (its first receive, the reconciler's election).
@@ -157,7 +162,8 @@ pub(super) async fn run(args: LatencyArgs) -> Result<Report, BenchError> {
             achieved_rate: offered as f64 / offering,
             offered,
             completed: taken.len() as u64,
-            latency_ms: Percentiles::of(taken),
+            latency_ms: Percentiles::of(taken.iter().map(|s| s.1).collect()),
+            slowest: Slow::of(&taken),
         };
         eprintln!(
             "rate {rate}/s: offered {:.0}/s, {} of {} ran, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
@@ -168,6 +174,12 @@ pub(super) async fn run(args: LatencyArgs) -> Result<Report, BenchError> {
             point.latency_ms.p99,
             point.latency_ms.max
         );
+        if let Some(worst) = point.slowest.first() {
+            eprintln!(
+                "  slowest: {} ({:.2} ms, attempt {})",
+                worst.event_id, worst.ms, worst.attempt
+            );
+        }
         points.push(point);
     }
     let cpu = cpu_ms(cpu, process_cpu());

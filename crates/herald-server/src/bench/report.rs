@@ -112,6 +112,42 @@ pub struct Point {
     pub completed: u64,
     /// Emit-to-start, ms.
     pub latency_ms: Percentiles,
+    /// The slowest events, slowest first ([`SLOWEST`] at most): an
+    /// outlier's id, to look up in the logs, and its attempt (above 1: its
+    /// first claim's lease was lost, and it ran again after a rescue).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub slowest: Vec<Slow>,
+}
+
+/// How many of the slowest events a latency point names.
+pub const SLOWEST: usize = 5;
+
+/// One slow event of a latency point.
+#[derive(Clone, Debug, Serialize)]
+pub struct Slow {
+    /// The event.
+    pub event_id: String,
+    /// Emit-to-start, ms.
+    pub ms: f64,
+    /// The attempt that started (1 for a first run).
+    pub attempt: u32,
+}
+
+impl Slow {
+    /// The [`SLOWEST`] slowest of `samples` (event, ms, attempt), slowest first.
+    pub fn of(samples: &[(String, f64, u32)]) -> Vec<Slow> {
+        let mut by_ms: Vec<&(String, f64, u32)> = samples.iter().collect();
+        by_ms.sort_by(|a, b| b.1.total_cmp(&a.1));
+        by_ms
+            .into_iter()
+            .take(SLOWEST)
+            .map(|(id, ms, attempt)| Slow {
+                event_id: id.clone(),
+                ms: *ms,
+                attempt: *attempt,
+            })
+            .collect()
+    }
 }
 
 /// Long horizon: one window of handler starts.
@@ -197,5 +233,19 @@ mod tests {
         assert_eq!(p.p99, 99.0);
         assert_eq!(p.max, 100.0);
         assert_eq!(Percentiles::of(vec![]).max, 0.0);
+    }
+
+    #[test]
+    fn the_slowest_are_named_slowest_first_with_their_attempts() {
+        let samples: Vec<(String, f64, u32)> = (0..20)
+            .map(|i| (format!("e{i}"), f64::from(i % 7), 1))
+            .chain([("rescued".to_string(), 8600.0, 2)])
+            .collect();
+        let slow = Slow::of(&samples);
+        assert_eq!(slow.len(), SLOWEST);
+        assert_eq!(slow[0].event_id, "rescued");
+        assert_eq!((slow[0].ms, slow[0].attempt), (8600.0, 2));
+        assert!(slow.windows(2).all(|w| w[0].ms >= w[1].ms));
+        assert!(Slow::of(&[]).is_empty());
     }
 }
