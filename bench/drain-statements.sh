@@ -9,7 +9,10 @@
 #
 #   bench/drain-statements.sh                                     # memory and NATS, 200,000 events, twice
 #   QUEUES=memory EVENTS=50000 RUNS=1 bench/drain-statements.sh
+#   EVENTS=50000 DRAIN_ARGS="--backlog 1000000 --backlog-kind paused" bench/drain-statements.sh
 #
+# DRAIN_ARGS: more `herald bench drain` flags (a backlog, as compare.sh's
+# hard cases have).
 # HERALD_WORKER_CONCURRENCY (512) and HERALD_WORKER_CLAIM_AHEAD (4096) as
 # in compare.sh; BUILD=0 uses the binary already built, HERALD=PATH another one.
 set -euo pipefail
@@ -44,8 +47,10 @@ for run in $(seq 1 "$RUNS"); do
     mkdir -p "$out"
     broker=none
     case $queue in nats://*) broker=nats ;; pubsub://*) broker=pubsub ;; esac
+    # DRAIN_ARGS is split into flags on purpose.
+    # shellcheck disable=SC2086
     MARKS=$out/marks BROKER=$broker PEER_PID_FILE=$out/pid \
-      "$HERALD" bench drain --store "$url" --queue "$queue" --events "$EVENTS" \
+      "$HERALD" bench drain --store "$url" --queue "$queue" --events "$EVENTS" ${DRAIN_ARGS:-} \
       --hook "$ROOT/bench/lib/mark.sh" >"$out/stdout" 2>"$out/stderr" &
     echo $! >"$out/pid"
     wait $! || { cat "$out/stderr" >&2; exit 1; }
