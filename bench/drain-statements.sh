@@ -12,7 +12,9 @@
 #   EVENTS=50000 DRAIN_ARGS="--backlog 1000000 --backlog-kind paused" bench/drain-statements.sh
 #
 # DRAIN_ARGS: more `herald bench drain` flags (a backlog, as compare.sh's
-# hard cases have).
+# hard cases have); CASE (clean) what the hook does besides, as in
+# compare.sh (stale: VACUUM ANALYZE after the backlog, no ANALYZE at
+# drain-start).
 # HERALD_WORKER_CONCURRENCY (512) and HERALD_WORKER_CLAIM_AHEAD (4096) as
 # in compare.sh; BUILD=0 uses the binary already built, HERALD=PATH another one.
 set -euo pipefail
@@ -39,7 +41,7 @@ url=${CLUSTER_URL%/*}/drain
 # compare.sh's hook: the ANALYZE at drain-start, PostgreSQL's CPU in the
 # marks, the statements forgotten as the drain starts and the costliest
 # written to statements.txt beside the marks as it ends.
-export ADMIN_URL=$CLUSTER_URL PG_CPU CASE=clean DB=drain
+export ADMIN_URL=$CLUSTER_URL PG_CPU CASE=${CASE:-clean} DB=drain
 echo "load $(cut -d' ' -f1-3 /proc/loadavg); $EVENTS events a drain, at $HERALD_WORKER_CONCURRENCY / $HERALD_WORKER_CLAIM_AHEAD"
 for run in $(seq 1 "$RUNS"); do
   for queue in $QUEUES; do
