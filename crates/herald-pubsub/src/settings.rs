@@ -80,6 +80,16 @@ pub enum PullMode {
     Unary,
 }
 
+impl PullMode {
+    /// Its name in configuration: `streaming` or `unary`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PullMode::Streaming => "streaming",
+            PullMode::Unary => "unary",
+        }
+    }
+}
+
 impl std::str::FromStr for PullMode {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {

@@ -125,15 +125,16 @@ pub(super) async fn run(args: LatencyArgs) -> Result<Report, BenchError> {
         ));
     }
     let bench = Bench::open(&args.target, Fresh::Empty).await?;
-    // (event, emit-to-start ms, attempt): the ids name the outliers.
-    let samples: Arc<Mutex<Vec<(String, f64, u32)>>> = Arc::default();
+    // With their ids and attempts, which name the outliers.
+    let samples: Arc<Mutex<Vec<Slow>>> = Arc::default();
     let record = samples.clone();
     let worker = bench.worker(move |s: Stamp, run: Context| {
         let ms = now_micros().saturating_sub(s.t) as f64 / 1000.0;
-        record
-            .lock()
-            .expect("samples")
-            .push((run.event_id.to_string(), ms, run.attempt));
+        record.lock().expect("samples").push(Slow {
+            event_id: run.event_id,
+            ms,
+            attempt: run.attempt,
+        });
         async {}
     });
     // Let the worker settle (its first receive, the reconciler's election).
@@ -162,8 +163,8 @@ pub(super) async fn run(args: LatencyArgs) -> Result<Report, BenchError> {
             achieved_rate: offered as f64 / offering,
             offered,
             completed: taken.len() as u64,
-            latency_ms: Percentiles::of(taken.iter().map(|s| s.1).collect()),
-            slowest: Slow::of(&taken),
+            latency_ms: Percentiles::of(taken.iter().map(|s| s.ms).collect()),
+            slowest: Slow::slowest(taken),
         };
         eprintln!(
             "rate {rate}/s: offered {:.0}/s, {} of {} ran, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",

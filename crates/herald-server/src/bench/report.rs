@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use herald::EventId;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -122,11 +123,12 @@ pub struct Point {
 /// How many of the slowest events a latency point names.
 pub const SLOWEST: usize = 5;
 
-/// One slow event of a latency point.
+/// One event's emit-to-start: a sample of a latency point, and one of
+/// its slowest.
 #[derive(Clone, Debug, Serialize)]
 pub struct Slow {
     /// The event.
-    pub event_id: String,
+    pub event_id: EventId,
     /// Emit-to-start, ms.
     pub ms: f64,
     /// The attempt that started (1 for a first run).
@@ -134,19 +136,11 @@ pub struct Slow {
 }
 
 impl Slow {
-    /// The [`SLOWEST`] slowest of `samples` (event, ms, attempt), slowest first.
-    pub fn of(samples: &[(String, f64, u32)]) -> Vec<Slow> {
-        let mut by_ms: Vec<&(String, f64, u32)> = samples.iter().collect();
-        by_ms.sort_by(|a, b| b.1.total_cmp(&a.1));
-        by_ms
-            .into_iter()
-            .take(SLOWEST)
-            .map(|(id, ms, attempt)| Slow {
-                event_id: id.clone(),
-                ms: *ms,
-                attempt: *attempt,
-            })
-            .collect()
+    /// The [`SLOWEST`] slowest of `samples`, slowest first.
+    pub fn slowest(mut samples: Vec<Slow>) -> Vec<Slow> {
+        samples.sort_by(|a, b| b.ms.total_cmp(&a.ms));
+        samples.truncate(SLOWEST);
+        samples
     }
 }
 
@@ -237,15 +231,24 @@ mod tests {
 
     #[test]
     fn the_slowest_are_named_slowest_first_with_their_attempts() {
-        let samples: Vec<(String, f64, u32)> = (0..20)
-            .map(|i| (format!("e{i}"), f64::from(i % 7), 1))
-            .chain([("rescued".to_string(), 8600.0, 2)])
+        let rescued = EventId::new();
+        let samples: Vec<Slow> = (0..20)
+            .map(|i| Slow {
+                event_id: EventId::new(),
+                ms: f64::from(i % 7),
+                attempt: 1,
+            })
+            .chain([Slow {
+                event_id: rescued,
+                ms: 8600.0,
+                attempt: 2,
+            }])
             .collect();
-        let slow = Slow::of(&samples);
+        let slow = Slow::slowest(samples);
         assert_eq!(slow.len(), SLOWEST);
-        assert_eq!(slow[0].event_id, "rescued");
+        assert_eq!(slow[0].event_id, rescued);
         assert_eq!((slow[0].ms, slow[0].attempt), (8600.0, 2));
         assert!(slow.windows(2).all(|w| w[0].ms >= w[1].ms));
-        assert!(Slow::of(&[]).is_empty());
+        assert!(Slow::slowest(Vec::new()).is_empty());
     }
 }

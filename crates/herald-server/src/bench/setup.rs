@@ -160,11 +160,7 @@ impl Bench {
             set("pg_max_connections", json!(self.config.pg_max_connections));
         }
         if let QueueConfig::Pubsub(c) = &self.config.queue {
-            let pull = match c.pull {
-                herald_pubsub::PullMode::Streaming => "streaming",
-                herald_pubsub::PullMode::Unary => "unary",
-            };
-            set("pubsub_pull", json!(pull));
+            set("pubsub_pull", json!(c.pull.name()));
         }
         Report {
             system: "herald".into(),
