@@ -35,9 +35,7 @@ work=$(mktemp -d /tmp/herald-drain-statements.XXXXXX)
 # shellcheck source=lib/cluster.sh
 source bench/lib/cluster.sh
 trap 'cluster_stop; rm -rf "$work"' EXIT
-cluster_start "$PORT" "$work" "shared_preload_libraries = 'pg_stat_statements'"
-psql -qX "$CLUSTER_URL" -c "CREATE EXTENSION pg_stat_statements" -c "CREATE DATABASE drain"
-url=${CLUSTER_URL%/*}/drain
+statements_cluster "$PORT" "$work" drain
 # compare.sh's hook: the ANALYZE at drain-start, PostgreSQL's CPU in the
 # marks, the statements forgotten as the drain starts and the costliest
 # written to statements.txt beside the marks as it ends.
@@ -52,7 +50,7 @@ for run in $(seq 1 "$RUNS"); do
     # DRAIN_ARGS is split into flags on purpose.
     # shellcheck disable=SC2086
     MARKS=$out/marks BROKER=$broker PEER_PID_FILE=$out/pid \
-      "$HERALD" bench drain --store "$url" --queue "$queue" --events "$EVENTS" ${DRAIN_ARGS:-} \
+      "$HERALD" bench drain --store "$DB_URL" --queue "$queue" --events "$EVENTS" ${DRAIN_ARGS:-} \
       --hook "$ROOT/bench/lib/mark.sh" >"$out/stdout" 2>"$out/stderr" &
     echo $! >"$out/pid"
     wait $! || { cat "$out/stderr" >&2; exit 1; }

@@ -24,19 +24,17 @@ work=$(mktemp -d /tmp/herald-worker-sizes.XXXXXX)
 # shellcheck source=lib/cluster.sh
 source bench/lib/cluster.sh
 trap 'cluster_stop; rm -rf "$work"' EXIT
-cluster_start "$PORT" "$work" "shared_preload_libraries = 'pg_stat_statements'"
-psql -qX "$CLUSTER_URL" -c "CREATE EXTENSION pg_stat_statements" -c "CREATE DATABASE sizes"
+statements_cluster "$PORT" "$work" sizes
 BROKER=none
 case $QUEUE in nats://*) BROKER=nats ;; pubsub://*) BROKER=pubsub ;; esac
 export ADMIN_URL=$CLUSTER_URL PG_CPU CASE=clean DB=sizes BROKER PEER_PID_FILE=$work/pid
-url=${CLUSTER_URL%/*}/$DB
 echo "load $(cut -d' ' -f1-3 /proc/loadavg); $EVENTS events a drain on $QUEUE"
 echo "concurrency claim_ahead  events/s  PG CPU ms per 1,000  statements per event"
 for size in $SIZES; do
   for _ in 1 2; do
     export MARKS=$work/marks.$RANDOM
     HERALD_WORKER_CONCURRENCY=${size%/*} HERALD_WORKER_CLAIM_AHEAD=${size#*/} \
-      "$HERALD" bench drain --store "$url" --queue "$QUEUE" --events "$EVENTS" --hook "$ROOT/bench/lib/mark.sh" \
+      "$HERALD" bench drain --store "$DB_URL" --queue "$QUEUE" --events "$EVENTS" --hook "$ROOT/bench/lib/mark.sh" \
       >"$work/stdout" 2>"$work/stderr" &
     echo $! >"$PEER_PID_FILE"
     wait $! || { cat "$work/stderr" >&2; exit 1; }

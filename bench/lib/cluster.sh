@@ -9,6 +9,8 @@
 #   source bench/lib/cluster.sh
 #   trap cluster_stop EXIT
 #   cluster_start PORT LOGDIR [EXTRA_CONF_LINES]   # sets CLUSTER_URL, CLUSTER_DATA
+#   statements_cluster PORT LOGDIR DB              # …with pg_stat_statements and
+#                                                  # database DB; sets DB_URL too
 #
 # PG_BIN (default /usr/lib/postgresql/15/bin) names the server's binaries.
 
@@ -69,4 +71,13 @@ cluster_stop() {
   else
     rm -rf "$CLUSTER_DATA"
   fi
+}
+
+# cluster_start with pg_stat_statements loaded and a database DB (for
+# compare.sh's hook, bench/lib/mark.sh, to read); sets DB_URL to it.
+statements_cluster() {
+  local port=$1 logdir=$2 db=$3
+  cluster_start "$port" "$logdir" "shared_preload_libraries = 'pg_stat_statements'"
+  psql -qX "$CLUSTER_URL" -c "CREATE EXTENSION pg_stat_statements" -c "CREATE DATABASE $db"
+  DB_URL=${CLUSTER_URL%/*}/$db
 }
