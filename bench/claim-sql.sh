@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# The claim's and the settle's SQL alone, without herald's process, to
+# weigh a change to them before building it: 100,000 events emitted into
+# the filling leaf of a throwaway production-like cluster
+# (bench/lib/cluster.sh, schema by `herald migrate`), then claimed 500 at a
+# time and settled (deleted) 500 at a time by one psql session, a
+# transaction a statement, synchronous_commit off (so the time is the
+# backend's CPU, not WAL flushes). Each variant is the schema's own
+# function (pg_get_functiondef) with one edit; the variants alternate,
+# ROUNDS times, and the medians are printed last:
+#
+#   schema    claim and settle_delete as migrated
+#   leaf      both probe only the leaf that holds the events (`e.leaf = 1`):
+#             what knowing each event's leaf would save (one partition's
+#             index probed per id instead of four)
+#   no-rules  the claim without its per-row rule check
+#   read      the claim's rows read and returned, not updated
+#   harness   a claim that takes nothing: the cost of building the id
+#             arrays, to subtract from the others
+#
+#   bench/claim-sql.sh
+#   ROUNDS=3 BUILD=0 bench/claim-sql.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+ROUNDS=${ROUNDS:-5}
+PORT=${PORT:-54334}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+[ "${BUILD:-1}" = 0 ] || cargo build --release -q -p herald-server --bin herald
+HERALD=${HERALD:-$CARGO_TARGET_DIR/release/herald}
+work=$(mktemp -d /tmp/herald-claim-sql.XXXXXX)
+# shellcheck source=lib/cluster.sh
+source bench/lib/cluster.sh
+trap 'cluster_stop; rm -rf "$work"' EXIT
+cluster_start "$PORT" "$work"
+psql -qX "$CLUSTER_URL" -c "CREATE DATABASE claims"
+url=${CLUSTER_URL%/*}/claims
+"$HERALD" migrate --store "$url" >/dev/null
+sql() { PGOPTIONS="-c synchronous_commit=off" psql -qXAt -v ON_ERROR_STOP=1 "$url" "$@"; }
+
+# Each variant: the migrated function's text through one sed edit, under
+# a new name.
+variant() {  # NAME FUNCTION SED
+  sql -c "SELECT pg_get_functiondef('herald.$2'::regproc)" |
+    sed -e "s/FUNCTION herald\.$2(/FUNCTION herald.${2}_$1(/" -e "$3" | sql >/dev/null
+}
+variant schema claim 's/x/x/'
+variant schema settle_delete 's/x/x/'
+variant leaf claim 's/WHERE e\.id = ANY(\$3)/WHERE e.id = ANY($3) AND e.leaf = 1/'
+variant leaf settle_delete 's/WHERE e\.id = ANY(\$1)/WHERE e.id = ANY($1) AND e.leaf = 1/'
+variant no_rules claim '/AND NOT EXISTS (SELECT 1 FROM rules/,/OFFSET 0)/d'
+variant harness claim 's/WHERE e\.id = ANY(\$3)/WHERE e.id = ANY($3) AND false/'
+sql <<'SQL' >/dev/null
+CREATE FUNCTION herald.claim_read(uuid, bigint, uuid[], text[]) RETURNS SETOF herald.events
+LANGUAGE plpgsql STABLE SET enable_seqscan = off SET enable_bitmapscan = off
+SET plan_cache_mode = force_generic_plan SET jit = off SET search_path = herald, pg_catalog
+AS $$BEGIN RETURN QUERY SELECT e.* FROM events AS e WHERE e.id = ANY($3); END$$;
+SQL
+sql -c "SELECT proname FROM pg_proc WHERE proname ~ '^(claim|settle_delete)_' ORDER BY 1" >"$work/made"
+for f in claim_schema claim_leaf claim_no_rules claim_read claim_harness settle_delete_schema settle_delete_leaf; do
+  grep -qx "$f" "$work/made" || { echo "the variant $f was not made: has the function's text changed?" >&2; exit 1; }
+done
+
+# 100,000 ids in order, 500 to a statement, as a claim after a batch of
+# notifications sees them.
+ids() { echo "(SELECT array_agg(lpad(to_hex(g), 32, '0')::uuid ORDER BY g) FROM generate_series($1, $(($1 + 499))) AS g)"; }
+token="'00000000-0000-0000-0000-0000000000aa'::uuid"
+for b in $(seq 0 199); do
+  echo "SELECT count(*) FROM herald.CLAIM($token, 30000, $(ids $((b * 500 + 1))), ARRAY['noop']);" >>"$work/claims.sql"
+  echo "SELECT count(*) FROM herald.SETTLE($(ids $((b * 500 + 1))), array_fill($token, ARRAY[500]), (SELECT array_agg(g) FROM generate_series(1, 500) AS g));" >>"$work/settles.sql"
+done
+cat >"$work/load.sql" <<'SQL'
+TRUNCATE herald.events;
+SELECT count(*) FROM herald.emit(
+  (SELECT array_agg(lpad(to_hex(g), 32, '0')::uuid ORDER BY g) FROM generate_series(1, 100000) AS g),
+  array_fill('tenant'::text, ARRAY[100000]), array_fill('noop'::text, ARRAY[100000]),
+  array_fill('{"n":1}'::text, ARRAY[100000]), array_fill(0::int8, ARRAY[100000]),
+  array_fill(3, ARRAY[100000]), array_fill(NULL::text, ARRAY[100000]), array_fill(NULL::text, ARRAY[100000]));
+VACUUM ANALYZE herald.events;
+SQL
+ms() { local t0 t1; t0=$(date +%s%N); sql -f "$1" >/dev/null; t1=$(date +%s%N); echo $(((t1 - t0) / 1000000)); }
+
+echo "load $(cut -d' ' -f1-3 /proc/loadavg); 100,000 events, 200 claims and 200 settles of 500, ms"
+echo "round variant claim settle"
+for round in $(seq 1 "$ROUNDS"); do
+  for v in schema leaf no_rules read harness; do
+    settle=settle_delete_schema
+    [ "$v" = leaf ] && settle=settle_delete_leaf
+    sql -f "$work/load.sql" >/dev/null
+    sed "s/herald\.CLAIM(/herald.claim_$v(/" "$work/claims.sql" >"$work/c.sql"
+    sed "s/herald\.SETTLE(/herald.$settle(/" "$work/settles.sql" >"$work/s.sql"
+    c=$(ms "$work/c.sql")
+    s=$(ms "$work/s.sql")
+    echo "$round $v $c $s" | tee -a "$work/times"
+  done
+done
+echo "medians: variant claim settle"
+for v in schema leaf no_rules read harness; do
+  awk -v v="$v" '$2 == v {print $3, $4}' "$work/times" | python3 -c "
+import statistics, sys
+rows = [list(map(int, l.split())) for l in sys.stdin]
+print('$v', statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows))"
+done
