@@ -209,6 +209,7 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
         client: Client::new(store.clone(), queue.clone())
             .max_payload(config.max_payload_bytes)
             .notify_linger(config.notify_linger)
+            .notify_publishes(config.notify_publishes)
             .group_commit(config.group_commit_writes),
         tokens,
         tracker,

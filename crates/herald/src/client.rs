@@ -14,7 +14,7 @@ use crate::model::{
     Emitted, Event, EventId, EventState, Millis, NewEvent, Rule, RuleKind, RuleMatch, Subscription,
 };
 use crate::publisher::Publisher;
-pub use crate::publisher::DEFAULT_NOTIFY_LINGER;
+pub use crate::publisher::{DEFAULT_NOTIFY_LINGER, DEFAULT_NOTIFY_PUBLISHES};
 use crate::queue::Queue;
 use crate::retry::DEFAULT_MAX_ATTEMPTS;
 use crate::store::{Count, CountsQuery, EventFilter, HandlerCounts, Scheduled, Store, StoreError};
@@ -196,7 +196,11 @@ impl Client {
     /// A client on a store and a queue.
     pub fn new(store: Arc<dyn Store>, queue: Arc<dyn Queue>) -> Self {
         Client {
-            publisher: Arc::new(Publisher::new(queue.clone(), DEFAULT_NOTIFY_LINGER)),
+            publisher: Arc::new(Publisher::new(
+                queue.clone(),
+                DEFAULT_NOTIFY_LINGER,
+                DEFAULT_NOTIFY_PUBLISHES,
+            )),
             commit: Arc::new(GroupCommit::new(store.clone(), DEFAULT_GROUP_COMMIT_WRITES)),
             store,
             queue,
@@ -205,14 +209,26 @@ impl Client {
     }
 
     /// Sets how long the notifications of an emit wait at most for a
-    /// publish in flight, to be published together with those of the other
-    /// emits that wait (default [`DEFAULT_NOTIFY_LINGER`], 1 ms; zero
-    /// publishes each emit's at once). With no publish in flight an emit's
-    /// notifications go out at once; under load an emit returns up to this
-    /// much later, and single emits close in time share messages
-    /// (docs/semantics.md).
+    /// publish in flight to end, to be published together with those of
+    /// the other emits that wait (default [`DEFAULT_NOTIFY_LINGER`], 1 ms;
+    /// zero publishes each emit's at once). While fewer than
+    /// [`Client::notify_publishes`] are in flight an emit's notifications
+    /// go out at once; under load an emit returns up to this much later,
+    /// and single emits close in time share messages (docs/semantics.md).
     pub fn notify_linger(mut self, linger: Duration) -> Self {
-        self.publisher = Arc::new(Publisher::new(self.queue.clone(), linger));
+        let publishes = self.publisher.publishes;
+        self.publisher = Arc::new(Publisher::new(self.queue.clone(), linger, publishes));
+        self
+    }
+
+    /// Sets how many publishes of emits' notifications may be in flight
+    /// before the next emits' wait (at most the linger) to be grouped
+    /// (default [`DEFAULT_NOTIFY_PUBLISHES`]; 0 counts as 1). More lets a
+    /// lone emit rarely wait out another's broker round trip; fewer groups
+    /// more under load (fewer, larger messages).
+    pub fn notify_publishes(mut self, publishes: usize) -> Self {
+        let linger = self.publisher.linger;
+        self.publisher = Arc::new(Publisher::new(self.queue.clone(), linger, publishes));
         self
     }
 

@@ -1,8 +1,8 @@
 //! Publishing the notifications of emits: an emit's notifications go out
-//! at once when no publish is in flight; those that arrive while one is
-//! wait for it (at most a short linger) and are grouped
-//! ([`Publish::group`]) and published together, so single emits close in
-//! time share messages.
+//! at once while fewer than a few publishes are in flight; those that
+//! arrive while that many are wait for one to end (at most a short linger)
+//! and are grouped ([`Publish::group`]) and published together, so single
+//! emits close in time share messages.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -19,6 +19,10 @@ use crate::store::Scheduled;
 /// [`crate::Client::notify_linger`].
 pub const DEFAULT_NOTIFY_LINGER: Duration = Duration::from_millis(1);
 
+/// How many publishes may be in flight before emits' notifications wait
+/// to be grouped, by default: see [`crate::Client::notify_publishes`].
+pub const DEFAULT_NOTIFY_PUBLISHES: usize = 2;
+
 /// The events of one emit waiting to be published, and who waits for it.
 struct Pending {
     events: Vec<Scheduled>,
@@ -28,20 +32,23 @@ struct Pending {
 /// Publishes emits' notifications, grouping those that wait for a publish.
 pub(crate) struct Publisher {
     queue: Arc<dyn Queue>,
-    linger: Duration,
+    pub(crate) linger: Duration,
+    /// Publishes in flight before the next waits to be grouped (at least 1).
+    pub(crate) publishes: usize,
     /// The grouping task's inbox, started at the first publish (on the
     /// runtime that makes it).
     inbox: OnceLock<mpsc::UnboundedSender<Pending>>,
 }
 
 impl Publisher {
-    /// Publishes on `queue`, grouping what arrives while a publish is in
-    /// flight, for at most `linger` (zero: each emit's notifications at
-    /// once, grouped among themselves).
-    pub(crate) fn new(queue: Arc<dyn Queue>, linger: Duration) -> Self {
+    /// Publishes on `queue`, grouping what arrives while `publishes` are in
+    /// flight (0 counts as 1), for at most `linger` (zero: each emit's
+    /// notifications at once, grouped among themselves).
+    pub(crate) fn new(queue: Arc<dyn Queue>, linger: Duration, publishes: usize) -> Self {
         Publisher {
             queue,
             linger,
+            publishes: publishes.max(1),
             inbox: OnceLock::new(),
         }
     }
@@ -58,7 +65,7 @@ impl Publisher {
         }
         let inbox = self.inbox.get_or_init(|| {
             let (tx, rx) = mpsc::unbounded_channel();
-            tokio::spawn(group(self.queue.clone(), self.linger, rx));
+            tokio::spawn(group(self.queue.clone(), self.linger, self.publishes, rx));
             tx
         });
         let (published, wait) = oneshot::channel();
@@ -82,43 +89,47 @@ impl Publisher {
     }
 }
 
-/// Publishes each pending emit at once when no publish is in flight (no
-/// added latency when the load is light); while one is, collects what
-/// arrives until every publish in flight has finished or `linger` has
-/// passed, whichever comes first, and publishes that as one group on a
-/// task of its own (Nagle's rule, as group commit does for writes).
+/// Publishes each pending emit at once while fewer than `publishes` are in
+/// flight (no added latency when the load is light, nor for a lone emit
+/// that meets another's publish); while that many are, collects what
+/// arrives until one of them has finished or `linger` has passed,
+/// whichever comes first, and publishes that as one group on a task of its
+/// own (Nagle's rule, as group commit does for writes).
 async fn group(
     queue: Arc<dyn Queue>,
     linger: Duration,
+    publishes: usize,
     mut inbox: mpsc::UnboundedReceiver<Pending>,
 ) {
     let in_flight = Arc::new(AtomicUsize::new(0));
-    let idle = Arc::new(Notify::new());
+    let ended = Arc::new(Notify::new());
     while let Some(first) = inbox.recv().await {
         let mut batch = vec![first];
-        // Registered before the count is read, so that a publish ending
-        // in between still wakes this wait.
-        let ended = idle.notified();
-        tokio::pin!(ended);
-        ended.as_mut().enable();
-        if in_flight.load(Ordering::SeqCst) > 0 {
-            let deadline = Instant::now() + linger;
-            loop {
-                tokio::select! {
-                    p = inbox.recv() => match p {
-                        Some(p) => batch.push(p),
-                        None => break,
-                    },
-                    _ = &mut ended => break,
-                    _ = tokio::time::sleep_until(deadline) => break,
-                }
+        let mut deadline = None;
+        loop {
+            // Registered before the count is read, so that a publish
+            // ending in between still wakes this wait.
+            let one_ended = ended.notified();
+            tokio::pin!(one_ended);
+            one_ended.as_mut().enable();
+            if in_flight.load(Ordering::SeqCst) < publishes {
+                break;
+            }
+            let until = *deadline.get_or_insert_with(|| Instant::now() + linger);
+            tokio::select! {
+                p = inbox.recv() => match p {
+                    Some(p) => batch.push(p),
+                    None => break,
+                },
+                _ = &mut one_ended => {}
+                _ = tokio::time::sleep_until(until) => break,
             }
         }
         while let Ok(p) = inbox.try_recv() {
             batch.push(p);
         }
         in_flight.fetch_add(1, Ordering::SeqCst);
-        let (queue, in_flight, idle) = (queue.clone(), in_flight.clone(), idle.clone());
+        let (queue, in_flight, ended) = (queue.clone(), in_flight.clone(), ended.clone());
         tokio::spawn(async move {
             let mut events = Vec::new();
             let mut waiting = Vec::with_capacity(batch.len());
@@ -129,9 +140,8 @@ async fn group(
             publish(queue.as_ref(), events).await;
             // Counted out before the emits are answered, so that an
             // emitter's next emit finds this publish over.
-            if in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
-                idle.notify_waiters();
-            }
+            in_flight.fetch_sub(1, Ordering::SeqCst);
+            ended.notify_waiters();
             for w in waiting {
                 let _ = w.send(());
             }
@@ -163,25 +173,37 @@ mod tests {
             .collect()
     }
 
-    /// A memory queue whose first publish waits until `open` is called: a
-    /// publish in flight, for as long as a test wants.
+    /// A memory queue whose first `held` publishes each wait until `open`
+    /// is called: publishes in flight, for as long as a test wants.
     struct Gated {
         inner: MemoryQueue,
         gate: Semaphore,
+        held: usize,
         publishes: AtomicUsize,
     }
 
     impl Default for Gated {
         fn default() -> Self {
-            Gated {
-                inner: MemoryQueue::default(),
-                gate: Semaphore::new(0),
-                publishes: AtomicUsize::new(0),
-            }
+            Gated::holding(1)
         }
     }
 
     impl Gated {
+        fn holding(held: usize) -> Self {
+            Gated {
+                inner: MemoryQueue::default(),
+                gate: Semaphore::new(0),
+                held,
+                publishes: AtomicUsize::new(0),
+            }
+        }
+
+        async fn until_publishes(&self, n: usize) {
+            while self.publishes.load(Ordering::SeqCst) < n {
+                tokio::task::yield_now().await;
+            }
+        }
+
         fn open(&self) {
             self.gate.add_permits(1);
         }
@@ -190,7 +212,7 @@ mod tests {
     #[async_trait]
     impl Queue for Gated {
         async fn publish(&self, batch: &[Publish]) -> QueueResult<()> {
-            if self.publishes.fetch_add(1, Ordering::SeqCst) == 0 {
+            if self.publishes.fetch_add(1, Ordering::SeqCst) < self.held {
                 self.gate.acquire().await.expect("open").forget();
             }
             self.inner.publish(batch).await
@@ -231,7 +253,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_lone_publish_waits_for_no_linger() {
         let queue = Arc::new(MemoryQueue::default());
-        let publisher = Publisher::new(queue.clone(), Duration::from_millis(500));
+        let publisher = Publisher::new(queue.clone(), Duration::from_millis(500), 1);
         let t = Instant::now();
         publisher.publish(due(1)).await;
         publisher.publish(due(1)).await;
@@ -242,11 +264,9 @@ mod tests {
     #[tokio::test]
     async fn emits_arriving_during_a_publish_share_the_next_message() {
         let queue = Arc::new(Gated::default());
-        let publisher = Arc::new(Publisher::new(queue.clone(), Duration::from_secs(60)));
+        let publisher = Arc::new(Publisher::new(queue.clone(), Duration::from_secs(60), 1));
         let first = spawn_publishes(&publisher, 1);
-        while queue.publishes.load(Ordering::SeqCst) == 0 {
-            tokio::task::yield_now().await;
-        }
+        queue.until_publishes(1).await;
         let rest = spawn_publishes(&publisher, 39);
         // Let all 39 reach the publisher while the first is held.
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -270,11 +290,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_publish_in_flight_holds_the_next_for_at_most_the_linger() {
         let queue = Arc::new(Gated::default());
-        let publisher = Arc::new(Publisher::new(queue.clone(), Duration::from_millis(5)));
+        let publisher = Arc::new(Publisher::new(queue.clone(), Duration::from_millis(5), 1));
         let first = spawn_publishes(&publisher, 1);
-        while queue.publishes.load(Ordering::SeqCst) == 0 {
-            tokio::task::yield_now().await;
-        }
+        queue.until_publishes(1).await;
         let t = Instant::now();
         publisher.publish(due(1)).await;
         assert_eq!(
@@ -289,9 +307,63 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_second_publish_goes_at_once_and_the_rest_wait_for_one_to_end() {
+        let queue = Arc::new(Gated::holding(2));
+        let publisher = Arc::new(Publisher::new(queue.clone(), Duration::from_secs(60), 2));
+        let mut emits = spawn_publishes(&publisher, 1);
+        queue.until_publishes(1).await;
+        emits.extend(spawn_publishes(&publisher, 1));
+        queue.until_publishes(2).await;
+        emits.extend(spawn_publishes(&publisher, 38));
+        // Let all 38 reach the publisher while both are held.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            queue.publishes.load(Ordering::SeqCst),
+            2,
+            "two in flight: the rest wait"
+        );
+        queue.open();
+        queue.until_publishes(3).await;
+        queue.open();
+        for e in emits {
+            e.await.unwrap();
+        }
+        assert_eq!(queue.publishes.load(Ordering::SeqCst), 3);
+        assert_eq!(
+            queue.inner.len(),
+            3,
+            "the first two alone, the 38 in one message once one ended"
+        );
+    }
+
+    #[tokio::test]
+    async fn with_two_allowed_the_third_waits_at_most_the_linger() {
+        let queue = Arc::new(Gated::holding(2));
+        let linger = Duration::from_millis(50);
+        let publisher = Arc::new(Publisher::new(queue.clone(), linger, 2));
+        // One at a time: two that wait together are published as one.
+        let mut held = spawn_publishes(&publisher, 1);
+        queue.until_publishes(1).await;
+        held.extend(spawn_publishes(&publisher, 1));
+        queue.until_publishes(2).await;
+        let t = Instant::now();
+        publisher.publish(due(1)).await;
+        let waited = t.elapsed();
+        assert!(waited >= linger, "it waited for the linger: {waited:?}");
+        assert!(waited < Duration::from_secs(10), "not for the held ones");
+        assert_eq!(queue.inner.len(), 1, "published beside the two held");
+        queue.open();
+        queue.open();
+        for h in held {
+            h.await.unwrap();
+        }
+        assert_eq!(queue.inner.len(), 3);
+    }
+
+    #[tokio::test]
     async fn no_linger_publishes_each_emit_on_its_own() {
         let queue = Arc::new(MemoryQueue::default());
-        let publisher = Arc::new(Publisher::new(queue.clone(), Duration::ZERO));
+        let publisher = Arc::new(Publisher::new(queue.clone(), Duration::ZERO, 1));
         for c in spawn_publishes(&publisher, 40) {
             c.await.unwrap();
         }
@@ -301,7 +373,11 @@ mod tests {
     #[tokio::test]
     async fn a_publish_returns_once_its_notifications_are_on_the_queue() {
         let queue = Arc::new(MemoryQueue::default());
-        let publisher = Publisher::new(queue.clone(), Duration::from_millis(5));
+        let publisher = Publisher::new(
+            queue.clone(),
+            Duration::from_millis(5),
+            DEFAULT_NOTIFY_PUBLISHES,
+        );
         publisher.publish(due(3)).await;
         let got = queue.receive(10).await.unwrap();
         assert_eq!(got.len(), 1);

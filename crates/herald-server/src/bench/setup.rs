@@ -108,6 +108,7 @@ impl Bench {
         let client = Client::new(store.clone(), queue.clone())
             .max_payload(config.max_payload_bytes)
             .notify_linger(config.notify_linger)
+            .notify_publishes(config.notify_publishes)
             .group_commit(config.group_commit_writes);
         Ok(Bench {
             store,
@@ -152,6 +153,7 @@ impl Bench {
             "group_commit_writes",
             json!(self.config.group_commit_writes),
         );
+        set("notify_publishes", json!(self.config.notify_publishes));
         set(
             "notify_linger_ms",
             json!(self.config.notify_linger.as_secs_f64() * 1000.0),

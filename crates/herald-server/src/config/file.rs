@@ -28,6 +28,7 @@ pub(super) struct FileConfig {
     pub(super) pg_acquire_timeout: Option<Dur>,
     pub(super) pg_async_run_commits: Option<bool>,
     pub(super) notify_linger: Option<Dur>,
+    pub(super) notify_publishes: Option<u64>,
     pub(super) group_commit_writes: Option<u64>,
     pub(super) listen: Option<String>,
     pub(super) max_payload_bytes: Option<u64>,

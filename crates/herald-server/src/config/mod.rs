@@ -168,6 +168,9 @@ pub struct ServeConfig {
     /// How long an emit's notifications wait at most for a publish in
     /// flight, to be published with other emits' ([`herald::Client::notify_linger`]).
     pub notify_linger: Duration,
+    /// How many publishes of emits' notifications may be in flight before
+    /// the next emits' wait to be grouped ([`herald::Client::notify_publishes`]).
+    pub notify_publishes: usize,
     /// How many store writes of emits run at once; emits that arrive
     /// while all are busy are written together ([`herald::Client::group_commit`];
     /// 0: each emit on its own).

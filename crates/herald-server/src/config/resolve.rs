@@ -76,6 +76,7 @@ pub(super) fn resolve(mut raw: FileConfig, origins: &Origins) -> Result<ServeCon
         max_request_bytes: limits.max_request_bytes,
         max_batch: limits.max_batch,
         notify_linger: limits.notify_linger,
+        notify_publishes: limits.notify_publishes,
         group_commit_writes: limits.group_commit_writes,
         worker,
         worker_named,
@@ -97,6 +98,7 @@ struct Limits {
     max_request_bytes: usize,
     max_batch: usize,
     notify_linger: Duration,
+    notify_publishes: usize,
     group_commit_writes: usize,
 }
 
@@ -159,6 +161,16 @@ fn resolve_limits(raw: &FileConfig, err: &Refuse<'_>) -> Result<Limits, ConfigEr
             ))
         }
     };
+    let notify_publishes = match raw.notify_publishes {
+        None => herald::client::DEFAULT_NOTIFY_PUBLISHES,
+        Some(n @ 1..=64) => n as usize,
+        Some(n) => {
+            return Err(err(
+                "notify_publishes",
+                format!("{n} is out of range: write 1 to 64 publishes in flight before emits' notifications wait to be grouped ({} is the default)", herald::client::DEFAULT_NOTIFY_PUBLISHES),
+            ))
+        }
+    };
     let group_commit_writes = match raw.group_commit_writes {
         None => herald::client::DEFAULT_GROUP_COMMIT_WRITES,
         Some(n) if n <= 256 => n as usize,
@@ -177,6 +189,7 @@ fn resolve_limits(raw: &FileConfig, err: &Refuse<'_>) -> Result<Limits, ConfigEr
         max_request_bytes,
         max_batch,
         notify_linger,
+        notify_publishes,
         group_commit_writes,
     })
 }

@@ -59,6 +59,7 @@ pub(super) const ENV_KEYS: &[(&str, &str, Kind)] = &[
     ),
     ("HERALD_LISTEN", "listen", Kind::Text),
     ("HERALD_NOTIFY_LINGER", "notify_linger", Kind::Text),
+    ("HERALD_NOTIFY_PUBLISHES", "notify_publishes", Kind::Integer),
     (
         "HERALD_GROUP_COMMIT_WRITES",
         "group_commit_writes",

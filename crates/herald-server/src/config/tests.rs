@@ -781,6 +781,10 @@ fn notification_limits_apply_to_every_queue_and_unusable_ones_are_refused() {
     let c = load_with(Some("notify_linger = \"0s\""), &[], Overrides::default()).unwrap();
     assert_eq!(c.notify_linger, Duration::ZERO);
     let c = load_with(None, &[], Overrides::default()).unwrap();
+    assert_eq!(c.notify_publishes, herald::client::DEFAULT_NOTIFY_PUBLISHES);
+    let c = load_with(Some("notify_publishes = 1"), &[], Overrides::default()).unwrap();
+    assert_eq!(c.notify_publishes, 1);
+    let c = load_with(None, &[], Overrides::default()).unwrap();
     assert_eq!(
         c.group_commit_writes,
         herald::client::DEFAULT_GROUP_COMMIT_WRITES
@@ -795,6 +799,10 @@ fn notification_limits_apply_to_every_queue_and_unusable_ones_are_refused() {
         (
             "notify_linger = \"2s\"",
             "notify_linger: 2s is too long",
+        ),
+        (
+            "notify_publishes = 0",
+            "notify_publishes: 0 is out of range",
         ),
         (
             "notify_max_ids = 0",
