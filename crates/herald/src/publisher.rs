@@ -21,7 +21,7 @@ pub const DEFAULT_NOTIFY_LINGER: Duration = Duration::from_millis(1);
 
 /// How many publishes may be in flight before emits' notifications wait
 /// to be grouped, by default: see [`crate::Client::notify_publishes`].
-pub const DEFAULT_NOTIFY_PUBLISHES: usize = 2;
+pub const DEFAULT_NOTIFY_PUBLISHES: usize = 1;
 
 /// The events of one emit waiting to be published, and who waits for it.
 struct Pending {
