@@ -21,7 +21,9 @@
 # compare.sh's hard cases have); CASE (clean) what the hook does besides,
 # as in compare.sh (stale: VACUUM ANALYZE after the backlog, no ANALYZE at
 # drain-start). STATEMENTS=0 prints the summary lines alone. BUILD=0 uses
-# the binary already built, HERALD=PATH another one.
+# the binary already built, HERALD=PATH another one. PERF=DIR profiles
+# herald's own process over each drain (bench/lib/perf-mark.sh) into
+# DIR/RUN.QUEUE.SIZE.data, for `perf report -i FILE --no-children`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -45,8 +47,15 @@ echo "load $(cut -d' ' -f1-3 /proc/loadavg); $EVENTS events a drain"
 for run in $(seq 1 "$RUNS"); do
   for queue in $QUEUES; do
     for size in $SIZES; do
-      out=$work/$run.$(echo "$queue.$size" | tr -c 'a-z0-9\n' '_')
+      name=$run.$(echo "$queue.$size" | tr -c 'a-z0-9\n' '_')
+      out=$work/$name
       mkdir -p "$out"
+      hook=$ROOT/bench/lib/mark.sh
+      if [ -n "${PERF:-}" ]; then
+        mkdir -p "$PERF"
+        hook=$ROOT/bench/lib/perf-mark.sh
+        export PERF_DATA=$PERF/$name.data
+      fi
       broker=none
       case $queue in nats://*) broker=nats ;; pubsub://*) broker=pubsub ;; esac
       # DRAIN_ARGS is split into flags on purpose.
@@ -54,7 +63,7 @@ for run in $(seq 1 "$RUNS"); do
       MARKS=$out/marks BROKER=$broker PEER_PID_FILE=$out/pid \
         HERALD_WORKER_CONCURRENCY=${size%/*} HERALD_WORKER_CLAIM_AHEAD=${size#*/} \
         "$HERALD" bench drain --store "$DB_URL" --queue "$queue" --events "$EVENTS" ${DRAIN_ARGS:-} \
-        --hook "$ROOT/bench/lib/mark.sh" >"$out/stdout" 2>"$out/stderr" &
+        --hook "$hook" >"$out/stdout" 2>"$out/stderr" &
       echo $! >"$out/pid"
       wait $! || { cat "$out/stderr" >&2; exit 1; }
       # marks: PHASE WALL_MS PG_CPU_MS STATEMENTS …

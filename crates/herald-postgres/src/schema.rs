@@ -15,6 +15,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0005_ring.sql"),
     include_str!("../migrations/0006_topics.sql"),
     include_str!("../migrations/0007_schedules.sql"),
+    include_str!("../migrations/0008_rule_check_once.sql"),
 ];
 
 /// The newest schema version this build knows.

@@ -295,6 +295,7 @@ macro_rules! store_suite {
             claim_ignores_missing_ids_and_finished_events,
             claim_skips_an_event_that_is_not_due,
             claim_skips_a_paused_event,
+            claim_checks_rules_row_by_row_across_handlers,
             claim_skips_a_blocked_event,
             claim_skips_a_live_lease,
             claim_takes_an_expired_lease,

@@ -82,6 +82,35 @@ pub async fn claim_skips_a_paused_event(store: Arc<dyn Store>) {
     assert!(claim_one(store, id, LEASE).await.is_some());
 }
 
+/// PauseCheck in a claim of several handlers: a rule holds only the rows it
+/// names, whether or not it names a handler the claim may take (a store may
+/// check the rules once per claim when none does: schema 8 in PostgreSQL).
+pub async fn claim_checks_rules_row_by_row_across_handlers(store: Arc<dyn Store>) {
+    let store = store.as_ref();
+    let free = emit_one(store, new_event("t", "h")).await;
+    let held = emit_one(store, new_event("t", "h2")).await;
+    let elsewhere = emit_one(store, new_event("u", "h2")).await;
+    assert!(store.add_rule(&pause("t", "h2")).await.expect("add_rule"));
+    assert!(store
+        .add_rule(&block("t", "not-taken"))
+        .await
+        .expect("add_rule"));
+    let mut ids = [free, held, elsewhere];
+    ids.sort();
+    let got: HashSet<EventId> = store
+        .claim(&ids, &handlers(&["h", "h2"]), LeaseToken::new(), LEASE)
+        .await
+        .expect("claim")
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(got, HashSet::from([free, elsewhere]));
+    assert_eq!(get(store, held).await.lease, None);
+    // A claim of handlers no rule names takes its rows.
+    let more = emit_one(store, new_event("t", "h")).await;
+    assert!(claim_one(store, more, LEASE).await.is_some());
+}
+
 /// PauseCheck (block): a blocked event is not claimed until unblocked.
 pub async fn claim_skips_a_blocked_event(store: Arc<dyn Store>) {
     let store = store.as_ref();
