@@ -35,7 +35,8 @@
 # FULL_SYSTEMS and OTHER_CASES: to shorten a sitting, the systems not in
 #   FULL_SYSTEMS (default: all) run OTHER_CASES instead of CASES.
 # REPEAT (1): how many times each drain case runs, each time in a fresh
-#   database; the report gives the median and the range. REPEAT_CASES
+#   database, in rounds (every system's repeats interleaved, see the main
+#   loop); the report gives the median and the range. REPEAT_CASES
 #   (default every drain case) and REPEAT_SYSTEMS (default all) narrow it.
 # PUBSUB_PULL (unary): how herald-pubsub pulls from the emulator, which
 #   keeps serving a killed process's streaming pull (docs/pubsub.md, "The
@@ -251,15 +252,16 @@ run() {
   end_run $rc
 }
 
-# repeated N SYSTEM CASE SCENARIO ARGS…: run it N times, the second and
-# later as SYSTEM.CASE.runK.
+# repeated SYSTEM CASE SCENARIO ARGS…: the run of this round ($ROUND)
+# if the cell repeats or this is the first round; the second and later
+# as SYSTEM.CASE.runK.
 repeated() {
-  local n=$1 k; shift
-  for k in $(seq 1 "$n"); do
-    RUN_SUFFIX=
-    [ "$k" = 1 ] || RUN_SUFFIX=.run$k
-    run "$@"
-  done
+  local reps=1
+  case " $REPEAT_SYSTEMS " in *" $1 "*) case " $REPEAT_CASES " in *" $2 "*) reps=$REPEAT ;; esac ;; esac
+  [ "$ROUND" -le "$reps" ] || return 0
+  RUN_SUFFIX=
+  [ "$ROUND" = 1 ] || RUN_SUFFIX=.run$ROUND
+  run "$@"
   RUN_SUFFIX=
 }
 
@@ -302,20 +304,28 @@ rescue() {
   end_run $rc
 }
 
+# Round 1 runs every cell; rounds 2 to REPEAT run the repeated drains
+# again, every system in turn, so that the repeats of one system are
+# minutes apart, as the other systems' are: a slow stretch of this shared
+# machine then falls on every system's runs rather than on one system's
+# three in a row.
+for ROUND in $(seq 1 "$REPEAT"); do
 for system in $SYSTEMS; do
   cases=$CASES
   # A shortened sitting may run fewer cases for some systems (each run's
   # directory says what ran; the report leaves the others' cells empty).
   case " ${FULL_SYSTEMS:-$SYSTEMS} " in *" $system "*) ;; *) cases=${OTHER_CASES:-$CASES} ;; esac
   for case in $cases; do
-    reps=1
-    case " $REPEAT_SYSTEMS " in *" $system "*) case " $REPEAT_CASES " in *" $case "*) reps=$REPEAT ;; esac ;; esac
+    # Past the first round, only the repeated drains.
+    if [ "$ROUND" -gt 1 ]; then
+      case $case in clean|hold-tx|delayed|stale|mid-analyze|paused) ;; *) continue ;; esac
+    fi
     case $case in
-      clean|hold-tx) repeated "$reps" "$system" "$case" drain --events "$EVENTS" ;;
-      delayed|stale|mid-analyze) repeated "$reps" "$system" "$case" drain --events "$BACKLOG_EVENTS" --backlog "$BACKLOG" ;;
+      clean|hold-tx) repeated "$system" "$case" drain --events "$EVENTS" ;;
+      delayed|stale|mid-analyze) repeated "$system" "$case" drain --events "$BACKLOG_EVENTS" --backlog "$BACKLOG" ;;
       paused)
         case $system in
-          herald-*) repeated "$reps" "$system" "$case" drain --events "$BACKLOG_EVENTS" --backlog "$BACKLOG" --backlog-kind paused ;;
+          herald-*) repeated "$system" "$case" drain --events "$BACKLOG_EVENTS" --backlog "$BACKLOG" --backlog-kind paused ;;
           *) ;;  # no per-tenant pause to compare with
         esac ;;
       latency) for r in $RATES; do run "$system" "$case" latency --rate "$r" --seconds "$LATENCY_SECONDS"; done ;;
@@ -331,6 +341,7 @@ for system in $SYSTEMS; do
       *) echo "unknown case $case" >&2; exit 2 ;;
     esac
   done
+done
 done
 "$HERALD" bench report "$OUT"
 echo "results: $OUT/report.md (and its charts, runs/ for every run's output)"
