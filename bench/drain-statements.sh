@@ -23,7 +23,8 @@
 # drain-start). STATEMENTS=0 prints the summary lines alone. BUILD=0 uses
 # the binary already built, HERALD=PATH another one. PERF=DIR profiles
 # herald's own process over each drain (bench/lib/perf-mark.sh) into
-# DIR/RUN.QUEUE.SIZE.data, for `perf report -i FILE --no-children`.
+# DIR/RUN.QUEUE.SIZE.data, for `perf report -i FILE --no-children`
+# (PERF_ALL=1: every process on the machine, PostgreSQL's backends too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
