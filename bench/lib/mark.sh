@@ -12,6 +12,7 @@
 # subtracts one phase from another) and does what the run's $CASE asks at
 # that phase:
 #
+#   (every case) drain-start: CHECKPOINT, last (see below)
 #   (every case but stale)
 #                drain-start: ANALYZE, so every system starts its drain with
 #                current statistics (as a steady autovacuum would give; no
@@ -70,6 +71,18 @@ SQL
     done ;;
   hold-tx:drain-end)
     psql -qXtA "$ADMIN_URL" -c "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'bench-hold-tx'" >/dev/null ;;
+esac
+# Every drain starts right after a checkpoint. A backlog's load (a
+# million rows, about 1 GB of WAL) sets off a checkpoint by max_wal_size
+# that was often still writing when the timed drain began, its writes (the
+# checkpointer's CPU is PostgreSQL's) and full-page images landing in some
+# drains and not in others (2026-12-05: four of five of one system's hard
+# cases, docs/benchmarks.md). Forced here, the pending one ends before the
+# drain, and every system's drain pays the same thing: a full-page image
+# at the first change of each page, as any drain just after a checkpoint
+# does.
+case $phase in
+  drain-start) psql -qX "$ADMIN_URL" -c "CHECKPOINT" >/dev/null ;;
 esac
 # The statements of the timed part alone, per run: forgotten as it starts
 # (before its running total is read, so the totals stay consistent), the
