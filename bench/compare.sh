@@ -310,38 +310,38 @@ rescue() {
 # machine then falls on every system's runs rather than on one system's
 # three in a row.
 for ROUND in $(seq 1 "$REPEAT"); do
-for system in $SYSTEMS; do
-  cases=$CASES
-  # A shortened sitting may run fewer cases for some systems (each run's
-  # directory says what ran; the report leaves the others' cells empty).
-  case " ${FULL_SYSTEMS:-$SYSTEMS} " in *" $system "*) ;; *) cases=${OTHER_CASES:-$CASES} ;; esac
-  for case in $cases; do
-    # Past the first round, only the repeated drains.
-    if [ "$ROUND" -gt 1 ]; then
-      case $case in clean|hold-tx|delayed|stale|mid-analyze|paused) ;; *) continue ;; esac
-    fi
-    case $case in
-      clean|hold-tx) repeated "$system" "$case" drain --events "$EVENTS" ;;
-      delayed|stale|mid-analyze) repeated "$system" "$case" drain --events "$BACKLOG_EVENTS" --backlog "$BACKLOG" ;;
-      paused)
-        case $system in
-          herald-*) repeated "$system" "$case" drain --events "$BACKLOG_EVENTS" --backlog "$BACKLOG" --backlog-kind paused ;;
-          *) ;;  # no per-tenant pause to compare with
-        esac ;;
-      latency) for r in $RATES; do run "$system" "$case" latency --rate "$r" --seconds "$LATENCY_SECONDS"; done ;;
-      idle) run "$system" "$case" idle --seconds "$IDLE_SECONDS" ;;
-      emit)
-        case $system in herald-*) run "$system" "$case" emit ;; *) ;; esac ;;
-      long-horizon)
-        [ "$system" = herald-sqlite ] && continue  # its own file: no table samples
-        run "$system" "$case" long-horizon --rate "$LH_RATE" --seconds "$LH_SECONDS" --work-ms "$LH_WORK_MS" ;;
-      rescue)
-        [ "$system" = herald-sqlite ] && continue
-        rescue "$system" ;;
-      *) echo "unknown case $case" >&2; exit 2 ;;
-    esac
+  for system in $SYSTEMS; do
+    cases=$CASES
+    # A shortened sitting may run fewer cases for some systems (each run's
+    # directory says what ran; the report leaves the others' cells empty).
+    case " ${FULL_SYSTEMS:-$SYSTEMS} " in *" $system "*) ;; *) cases=${OTHER_CASES:-$CASES} ;; esac
+    for case in $cases; do
+      # Past the first round, only the repeated drains.
+      if [ "$ROUND" -gt 1 ]; then
+        case $case in clean|hold-tx|delayed|stale|mid-analyze|paused) ;; *) continue ;; esac
+      fi
+      case $case in
+        clean|hold-tx) repeated "$system" "$case" drain --events "$EVENTS" ;;
+        delayed|stale|mid-analyze) repeated "$system" "$case" drain --events "$BACKLOG_EVENTS" --backlog "$BACKLOG" ;;
+        paused)
+          case $system in
+            herald-*) repeated "$system" "$case" drain --events "$BACKLOG_EVENTS" --backlog "$BACKLOG" --backlog-kind paused ;;
+            *) ;;  # no per-tenant pause to compare with
+          esac ;;
+        latency) for r in $RATES; do run "$system" "$case" latency --rate "$r" --seconds "$LATENCY_SECONDS"; done ;;
+        idle) run "$system" "$case" idle --seconds "$IDLE_SECONDS" ;;
+        emit)
+          case $system in herald-*) run "$system" "$case" emit ;; *) ;; esac ;;
+        long-horizon)
+          [ "$system" = herald-sqlite ] && continue  # its own file: no table samples
+          run "$system" "$case" long-horizon --rate "$LH_RATE" --seconds "$LH_SECONDS" --work-ms "$LH_WORK_MS" ;;
+        rescue)
+          [ "$system" = herald-sqlite ] && continue
+          rescue "$system" ;;
+        *) echo "unknown case $case" >&2; exit 2 ;;
+      esac
+    done
   done
-done
 done
 "$HERALD" bench report "$OUT"
 echo "results: $OUT/report.md (and its charts, runs/ for every run's output)"
