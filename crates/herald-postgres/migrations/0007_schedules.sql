@@ -1,4 +1,4 @@
--- herald's PostgreSQL schema, version 6: schedules (docs/schedules.md). One
+-- herald's PostgreSQL schema, version 7: schedules (docs/schedules.md). One
 -- row per (tenant, name): the definition, where it came from (`source`:
 -- 'config' for herald.toml's, replaced on reload, or 'api'), and the cursor
 -- `next_at`, the next occurrence not yet emitted. The elected scheduler

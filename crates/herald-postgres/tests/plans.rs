@@ -245,6 +245,31 @@ async fn set_statistics(conn: &mut PgConnection, schema: &str, q: &str, how: &st
     }
 }
 
+/// `pg_temp.plan_of(statement)`: runs an EXPLAIN and returns its text (as
+/// `text`: EXPLAIN's `json` would need sqlx's `json` feature).
+async fn create_plan_of(conn: &mut PgConnection) {
+    conn.execute(
+        "CREATE FUNCTION pg_temp.plan_of(statement text) RETURNS text LANGUAGE plpgsql \
+         AS $$ DECLARE plan text; BEGIN EXECUTE statement INTO plan; RETURN plan; END $$",
+    )
+    .await
+    .expect("create plan_of");
+}
+
+/// Opens a transaction with the routine's own settings, as its calls run.
+async fn begin_with_settings(conn: &mut PgConnection, routine: &testing::Routine) {
+    conn.execute("BEGIN").await.expect("begin");
+    for s in &routine.settings {
+        let (k, v) = s.split_once('=').expect("name=value");
+        sqlx::query("SELECT set_config($1, $2, true)")
+            .bind(k)
+            .bind(v)
+            .execute(&mut *conn)
+            .await
+            .expect("set_config");
+    }
+}
+
 #[tokio::test]
 async fn hot_statements_stay_bounded_by_the_batch_under_any_statistics() {
     let Some((store, guard)) = testing::fresh_schema(&testing::test_name()).await else {
@@ -262,12 +287,7 @@ async fn hot_statements_stay_bounded_by_the_batch_under_any_statistics() {
     let mut conn = PgConnection::connect_with(&testing::connect_options())
         .await
         .expect("connect");
-    conn.execute(
-        "CREATE FUNCTION pg_temp.plan_of(statement text) RETURNS text LANGUAGE plpgsql \
-         AS $$ DECLARE plan text; BEGIN EXECUTE statement INTO plan; RETURN plan; END $$",
-    )
-    .await
-    .expect("create plan_of");
+    create_plan_of(&mut conn).await;
     let mut wrong = Vec::new();
     let mut checked = 0;
     for how in STATISTICS {
@@ -280,16 +300,7 @@ async fn hot_statements_stay_bounded_by_the_batch_under_any_statistics() {
                 let mut plans = vec![(name.to_string(), explain(&mut conn, &q, sql, None).await)];
                 for r in testing::routines(&mut conn, &schema, &q, sql).await {
                     // The body under the function's own settings.
-                    conn.execute("BEGIN").await.expect("begin");
-                    for s in &r.settings {
-                        let (k, v) = s.split_once('=').expect("name=value");
-                        sqlx::query("SELECT set_config($1, $2, true)")
-                            .bind(k)
-                            .bind(v)
-                            .execute(&mut conn)
-                            .await
-                            .expect("set_config");
-                    }
+                    begin_with_settings(&mut conn, &r).await;
                     let plan = explain(&mut conn, &q, &r.body, Some(&r.types)).await;
                     conn.execute("ROLLBACK").await.expect("rollback");
                     plans.push((format!("{name} → {}", r.name), plan));
@@ -319,4 +330,119 @@ async fn hot_statements_stay_bounded_by_the_batch_under_any_statistics() {
         wrong.len(),
         wrong.join("\n")
     );
+}
+
+/// `Actual Loops` of every node of an `EXPLAIN (ANALYZE, FORMAT JSON)` plan
+/// that scans `index`, summed.
+fn loops_on(node: &Value, index: &str) -> u64 {
+    let own = if node["Index Name"].as_str() == Some(index) {
+        node["Actual Loops"].as_u64().unwrap_or(0)
+    } else {
+        0
+    };
+    own + node["Plans"]
+        .as_array()
+        .map_or(0, |c| c.iter().map(|n| loops_on(n, index)).sum())
+}
+
+/// The claim's body over every stored event for `handlers` (a text[]
+/// literal), under the function's own settings, with EXPLAIN ANALYZE in a
+/// transaction rolled back: the rows it took and its probes of `rules_pkey`.
+async fn claim_probes(
+    conn: &mut PgConnection,
+    routine: &testing::Routine,
+    q: &str,
+    handlers: &str,
+) -> (u64, u64) {
+    begin_with_settings(conn, routine).await;
+    conn.execute(
+        format!(
+            "PREPARE c(uuid, bigint, uuid[], text[]) AS {}",
+            routine.body
+        )
+        .as_str(),
+    )
+    .await
+    .expect("prepare the claim's body");
+    // EXECUTE takes no subqueries: the ids as a literal.
+    let ids: String = sqlx::query_scalar(&format!(
+        "SELECT array_agg(id ORDER BY id)::text FROM {q}.events"
+    ))
+    .fetch_one(&mut *conn)
+    .await
+    .expect("the ids");
+    let text: String = sqlx::query_scalar("SELECT pg_temp.plan_of($1)")
+        .bind(format!(
+            "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE c(gen_random_uuid(), 30000, \
+             '{ids}', '{handlers}')"
+        ))
+        .fetch_one(&mut *conn)
+        .await
+        .expect("explain analyze the claim");
+    conn.execute("ROLLBACK").await.expect("rollback");
+    conn.execute("DEALLOCATE c").await.expect("deallocate");
+    let plan: Value = serde_json::from_str(&text).expect("EXPLAIN's JSON");
+    let top = &plan[0]["Plan"];
+    (
+        top["Actual Rows"].as_u64().expect("rows"),
+        loops_on(top, "rules_pkey"),
+    )
+}
+
+/// Schema 8: the claim probes `rules_pkey` once per row only when a rule
+/// names one of the handlers it may take; otherwise its once-per-claim
+/// check (by `rules_by_handler`) leaves the per-row probe unexecuted. The
+/// claim's body is run under its own settings with EXPLAIN ANALYZE, inside a
+/// transaction that is rolled back, so each case claims the same rows.
+#[tokio::test]
+async fn the_claim_probes_rules_per_row_only_when_a_rule_names_its_handlers() {
+    let Some((store, guard)) = testing::fresh_schema(&testing::test_name()).await else {
+        return;
+    };
+    let schema = guard.name().to_string();
+    let q = format!("\"{schema}\"");
+    let claim = store
+        .statements()
+        .into_iter()
+        .find(|(n, _)| *n == "claim")
+        .expect("the claim statement")
+        .1;
+    store.pool().close().await;
+    let mut conn = PgConnection::connect_with(&testing::connect_options())
+        .await
+        .expect("connect");
+    create_plan_of(&mut conn).await;
+    // 64 events: tenant t(i % 4), handler h(i % 8), over every leaf.
+    load(&mut conn, &q, 64).await;
+    let routine = testing::routines(&mut conn, &schema, &q, &claim)
+        .await
+        .into_iter()
+        .find(|r| r.name == "claim")
+        .expect("the claim function");
+    let all = "{h0,h1,h2,h3,h4,h5,h6,h7}";
+    assert_eq!(
+        claim_probes(&mut conn, &routine, &q, all).await,
+        (64, 0),
+        "no rule: no per-row probe"
+    );
+    conn.execute(
+        format!(
+            "INSERT INTO {q}.rules (tenant, handler, kind, created_at) VALUES ('t0', 'h0', 'pause', 0)"
+        )
+        .as_str(),
+    )
+    .await
+    .expect("add a pause");
+    // i % 8 = 0 are h0 and t0: the 8 paused rows are left.
+    assert_eq!(
+        claim_probes(&mut conn, &routine, &q, all).await,
+        (56, 64),
+        "a rule names a handler of the claim: every row probed"
+    );
+    assert_eq!(
+        claim_probes(&mut conn, &routine, &q, "{h1}").await,
+        (8, 0),
+        "the rule names no handler of the claim: no per-row probe"
+    );
+    let _ = conn.close().await;
 }
