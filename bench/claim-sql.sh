@@ -5,7 +5,10 @@
 # (bench/lib/cluster.sh, schema by `herald migrate`), then claimed 500 at a
 # time and settled (deleted) 500 at a time by one psql session, a
 # transaction a statement, synchronous_commit off (so the time is the
-# backend's CPU, not WAL flushes). Each variant is the schema's own
+# backend's CPU, not WAL flushes). The store also holds 1,000 pauses of
+# the claimed handler for other tenants (the paused backlog's rules in
+# bench/compare.sh); the claims name the events' tenant, as a worker's
+# do from its notifications. Each variant is the schema's own
 # function (pg_get_functiondef) with one edit; the variants alternate,
 # ROUNDS times, and the medians are printed last:
 #
@@ -15,8 +18,11 @@
 #             index probed per id instead of four)
 #   no-rules  the claim without its rule check
 #   rule-each the claim with its rule check probed per row, as before
-#             schema 8 (which checks once per claim when no rule names
-#             the claim's handlers, as here)
+#             schema 8
+#   by-handler schema 8's check: once per claim, but only when no rule
+#             names the claim's handlers for any tenant (here 1,000 do, so
+#             every row is probed); schema 9 asks only about the tenants
+#             the claim names
 #   read      the claim's rows read and returned, not updated
 #   harness   a claim that takes nothing: the cost of building the id
 #             arrays, to subtract from the others
@@ -56,17 +62,21 @@ variant schema claim
 variant schema settle_delete
 variant leaf claim 's/WHERE e\.id = ANY(\$3)/WHERE e.id = ANY($3) AND e.leaf = 1/'
 variant leaf settle_delete 's/WHERE e\.id = ANY(\$1)/WHERE e.id = ANY($1) AND e.leaf = 1/'
-variant no_rules claim '/AND ((SELECT NOT EXISTS (SELECT 1 FROM rules/,/OFFSET 0))/d'
-variant rule_each claim 's/(SELECT NOT EXISTS (SELECT 1 FROM rules AS h WHERE h\.handler = ANY(\$4)))/false/'
+variant no_rules claim '/AND (((SELECT NOT EXISTS (SELECT 1 FROM rules/,/OFFSET 0))/d'
+variant rule_each claim 's/AND e\.tenant = ANY(\$5))/AND false)/'
+variant by_handler claim 's/WHERE h\.tenant = ANY(\$5) AND (h\.handler || '\'''\') = ANY(\$4)))/WHERE h.handler = ANY($4)))/; s/AND e\.tenant = ANY(\$5))/AND true)/'
 variant harness claim 's/WHERE e\.id = ANY(\$3)/WHERE e.id = ANY($3) AND false/'
 sql <<'SQL' >/dev/null
-CREATE FUNCTION herald.claim_read(uuid, bigint, uuid[], text[]) RETURNS SETOF herald.events
+CREATE FUNCTION herald.claim_read(uuid, bigint, uuid[], text[], text[]) RETURNS SETOF herald.events
 LANGUAGE plpgsql STABLE SET enable_seqscan = off SET enable_bitmapscan = off
 SET plan_cache_mode = force_generic_plan SET jit = off SET search_path = herald, pg_catalog
 AS $$BEGIN RETURN QUERY SELECT e.* FROM events AS e WHERE e.id = ANY($3); END$$;
 SQL
+# The paused backlog's rules: the claimed handler, paused for other tenants.
+sql -c "INSERT INTO herald.rules (tenant, handler, kind, created_at)
+        SELECT 'other-' || g, 'noop', 'pause', 0 FROM generate_series(1, 1000) AS g"
 sql -c "SELECT proname FROM pg_proc WHERE proname ~ '^(claim|settle_delete)_' ORDER BY 1" >"$work/made"
-for f in claim_schema claim_leaf claim_no_rules claim_rule_each claim_read claim_harness settle_delete_schema settle_delete_leaf; do
+for f in claim_schema claim_leaf claim_no_rules claim_rule_each claim_by_handler claim_read claim_harness settle_delete_schema settle_delete_leaf; do
   grep -qx "$f" "$work/made" || { echo "the variant $f was not made: has the function's text changed?" >&2; exit 1; }
 done
 
@@ -75,7 +85,7 @@ done
 ids() { echo "(SELECT array_agg(lpad(to_hex(g), 32, '0')::uuid ORDER BY g) FROM generate_series($1, $(($1 + 499))) AS g)"; }
 token="'00000000-0000-0000-0000-0000000000aa'::uuid"
 for b in $(seq 0 199); do
-  echo "SELECT count(*) FROM herald.CLAIM($token, 30000, $(ids $((b * 500 + 1))), ARRAY['noop']);" >>"$work/claims.sql"
+  echo "SELECT count(*) FROM herald.CLAIM($token, 30000, $(ids $((b * 500 + 1))), ARRAY['noop'], ARRAY['tenant']);" >>"$work/claims.sql"
   echo "SELECT count(*) FROM herald.SETTLE($(ids $((b * 500 + 1))), array_fill($token, ARRAY[500]), (SELECT array_agg(g) FROM generate_series(1, 500) AS g));" >>"$work/settles.sql"
 done
 cat >"$work/load.sql" <<'SQL'
@@ -100,7 +110,7 @@ ms() {
 echo "load $(cut -d' ' -f1-3 /proc/loadavg); 100,000 events, 200 claims and 200 settles of 500, ms"
 echo "round variant claim settle"
 for round in $(seq 1 "$ROUNDS"); do
-  for v in schema leaf no_rules rule_each read harness; do
+  for v in schema leaf no_rules rule_each by_handler read harness; do
     settle=settle_delete_schema
     [ "$v" = leaf ] && settle=settle_delete_leaf
     sql -f "$work/load.sql" >/dev/null
@@ -119,7 +129,7 @@ for round in $(seq 1 "$ROUNDS"); do
   done
 done
 echo "medians: variant claim settle"
-for v in schema leaf no_rules rule_each read harness; do
+for v in schema leaf no_rules rule_each by_handler read harness; do
   awk -v v="$v" '$2 == v {print $3, $4}' "$work/times" | python3 -c "
 import statistics, sys
 rows = [list(map(int, l.split())) for l in sys.stdin]

@@ -17,6 +17,7 @@ impl PgStore {
         &self,
         ids: &[Uuid],
         handlers: &[String],
+        tenants: &[String],
         token: LeaseToken,
         lease: Duration,
     ) -> DbResult<Vec<Event>> {
@@ -26,6 +27,7 @@ impl PgStore {
             .bind(ms(lease))
             .bind(ids)
             .bind(handlers)
+            .bind(tenants)
             .fetch_all(&self.pool)
             .await
             .ctx(OP)?

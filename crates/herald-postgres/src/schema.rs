@@ -16,6 +16,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0006_topics.sql"),
     include_str!("../migrations/0007_schedules.sql"),
     include_str!("../migrations/0008_rule_check_once.sql"),
+    include_str!("../migrations/0009_rule_check_by_tenant.sql"),
 ];
 
 /// The newest schema version this build knows.

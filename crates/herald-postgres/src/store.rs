@@ -33,6 +33,7 @@ impl Store for PgStore {
         &self,
         ids: &[EventId],
         handlers: &[String],
+        tenants: &[String],
         token: LeaseToken,
         lease: Duration,
     ) -> StoreResult<Vec<Event>> {
@@ -42,7 +43,10 @@ impl Store for PgStore {
         let mut ids = uuids(ids);
         ids.sort_unstable();
         ids.dedup();
-        retry("claim", || self.claim_once(&ids, handlers, token, lease)).await
+        retry("claim", || {
+            self.claim_once(&ids, handlers, tenants, token, lease)
+        })
+        .await
     }
 
     async fn inspect(&self, ids: &[EventId]) -> StoreResult<Inspection> {

@@ -111,7 +111,13 @@ async fn events_of_every_kind_outlive_their_leaf_unchanged() {
     let token = LeaseToken::new();
     let ids = [running.id, buried.id, released.id, kept.id];
     let claimed = store
-        .claim(&ids, &handlers(&["h"]), token, Duration::from_secs(60))
+        .claim(
+            &ids,
+            &handlers(&["h"]),
+            &["t".into()],
+            token,
+            Duration::from_secs(60),
+        )
         .await
         .unwrap();
     assert_eq!(claimed.len(), 4);
@@ -369,7 +375,13 @@ async fn a_held_snapshot_does_not_keep_retired_leaves() {
     let ids: Vec<EventId> = batch.iter().map(|e| e.id).collect();
     let token = LeaseToken::new();
     let claimed = store
-        .claim(&ids, &handlers(&["h"]), token, Duration::from_secs(60))
+        .claim(
+            &ids,
+            &handlers(&["h"]),
+            &["t".into()],
+            token,
+            Duration::from_secs(60),
+        )
         .await
         .unwrap();
     assert_eq!(claimed.len(), ids.len());

@@ -72,7 +72,13 @@ async fn one_round(store: &PgStore, schema: &TestSchema) -> Vec<(String, String)
     ids.sort();
     let token = LeaseToken::new();
     let claimed = store
-        .claim(&ids, &["h".into()], token, Duration::from_secs(30))
+        .claim(
+            &ids,
+            &["h".into()],
+            &["acme".into()],
+            token,
+            Duration::from_secs(30),
+        )
         .await
         .expect("claim");
     assert_eq!(claimed.len(), 4, "every event is claimed");

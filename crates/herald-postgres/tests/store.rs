@@ -87,7 +87,7 @@ async fn emit_one(store: &PgStore, e: NewEvent) -> EventId {
 async fn claim_one(store: &PgStore, id: EventId, lease: Duration) -> Option<LeaseToken> {
     let token = LeaseToken::new();
     let got = store
-        .claim(&[id], &handlers(&["h"]), token, lease)
+        .claim(&[id], &handlers(&["h"]), &["t".into()], token, lease)
         .await
         .unwrap();
     match got.len() {
@@ -212,7 +212,13 @@ async fn a_version_2_schema_with_events_upgrades_and_its_events_run() {
     assert_eq!(ids.len(), 10);
     let token = LeaseToken::new();
     let claimed = store
-        .claim(&ids, &handlers(&["h"]), token, Duration::from_secs(30))
+        .claim(
+            &ids,
+            &handlers(&["h"]),
+            &["t".into()],
+            token,
+            Duration::from_secs(30),
+        )
         .await
         .unwrap();
     assert_eq!(claimed.len(), 10);
@@ -486,7 +492,7 @@ async fn claim_takes_the_lease_by_the_database_clock_and_increments_attempt() {
         .await;
     let got = f
         .store
-        .claim(&[id], &handlers(&["h"]), token, LEASE)
+        .claim(&[id], &handlers(&["h"]), &["t".into()], token, LEASE)
         .await
         .unwrap();
     let db_after: i64 = f
@@ -573,7 +579,13 @@ async fn overlapping_concurrent_batch_claims_claim_each_event_once() {
             let mut got = Vec::new();
             for c in mine.chunks(chunk) {
                 let claimed = store
-                    .claim(c, &handlers(&["h"]), LeaseToken::new(), LEASE)
+                    .claim(
+                        c,
+                        &handlers(&["h"]),
+                        &["t".into()],
+                        LeaseToken::new(),
+                        LEASE,
+                    )
                     .await
                     .unwrap();
                 got.extend(claimed.into_iter().map(|e| e.id));
@@ -607,7 +619,7 @@ async fn settle_reports_each_item_of_a_mixed_batch_in_order() {
         .collect();
     let token = LeaseToken::new();
     f.store
-        .claim(&ids, &handlers(&["h"]), token, LEASE)
+        .claim(&ids, &handlers(&["h"]), &["t".into()], token, LEASE)
         .await
         .unwrap();
     // Kinds interleaved, every third fenced by a wrong token, in reverse id order.
@@ -647,7 +659,7 @@ async fn heartbeats_and_settles_of_the_same_runs_do_not_deadlock() {
     let token = LeaseToken::new();
     let ids: Vec<EventId> = events.iter().map(|e| e.id).collect();
     f.store
-        .claim(&ids, &handlers(&["h"]), token, LEASE)
+        .claim(&ids, &handlers(&["h"]), &["t".into()], token, LEASE)
         .await
         .unwrap();
     let leases: Vec<LeaseRef> = ids.iter().map(|&id| LeaseRef { id, token }).collect();

@@ -70,7 +70,7 @@ async fn main() {
             while let Some(chunk) = chunks.get(next.fetch_add(1, Ordering::Relaxed)) {
                 let token = LeaseToken::new();
                 let claimed = store
-                    .claim(chunk, &handlers, token, Duration::from_secs(30))
+                    .claim(chunk, &handlers, &[], token, Duration::from_secs(30))
                     .await
                     .unwrap();
                 let settle: Vec<Settle> = claimed

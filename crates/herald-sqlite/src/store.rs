@@ -29,10 +29,13 @@ impl Store for SqliteStore {
             .await
     }
 
+    /// Ignores the tenants hint: SQLite's rule check is an in-process
+    /// probe per row, cheaper than anything the hint could save.
     async fn claim(
         &self,
         ids: &[EventId],
         handlers: &[String],
+        _tenants: &[String],
         token: LeaseToken,
         lease: Duration,
     ) -> StoreResult<Vec<Event>> {

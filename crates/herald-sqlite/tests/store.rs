@@ -81,7 +81,7 @@ async fn emit_one(store: &SqliteStore, e: NewEvent) -> EventId {
 async fn claim_one(store: &SqliteStore, id: EventId, lease: Duration) -> Option<LeaseToken> {
     let token = LeaseToken::new();
     let got = store
-        .claim(&[id], &handlers(&["h"]), token, lease)
+        .claim(&[id], &handlers(&["h"]), &["t".into()], token, lease)
         .await
         .unwrap();
     match got.len() {
@@ -394,7 +394,13 @@ async fn concurrent_claims_from_two_connections_have_one_winner() {
             let mut mine = Vec::new();
             for chunk in ids.chunks(10) {
                 let got = store
-                    .claim(chunk, &handlers(&["h"]), LeaseToken::new(), LEASE)
+                    .claim(
+                        chunk,
+                        &handlers(&["h"]),
+                        &["t".into()],
+                        LeaseToken::new(),
+                        LEASE,
+                    )
                     .await
                     .unwrap();
                 mine.extend(got.into_iter().map(|e| e.id));

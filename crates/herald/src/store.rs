@@ -476,10 +476,17 @@ pub trait Store: Send + Sync + 'static {
     /// `token` for `lease` if the event is pending, due, unleased or expired,
     /// has attempts left, has a handler in `handlers`, and no rule matches.
     /// Increments `attempt`. Returns the events claimed (as updated).
+    ///
+    /// `tenants` is a hint: the tenants the notifications named (a worker
+    /// passes them, each once). A store may use it to check the rules once
+    /// per claim for those tenants rather than once per event; an event of
+    /// a tenant not in it is still checked on its own, so a wrong or empty
+    /// hint costs time, never a rule.
     async fn claim(
         &self,
         ids: &[EventId],
         handlers: &[String],
+        tenants: &[String],
         token: LeaseToken,
         lease: Duration,
     ) -> StoreResult<Vec<Event>>;

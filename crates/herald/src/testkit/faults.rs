@@ -38,10 +38,11 @@ impl Store for RefusingEmits {
         &self,
         ids: &[EventId],
         handlers: &[String],
+        tenants: &[String],
         token: LeaseToken,
         lease: Duration,
     ) -> StoreResult<Vec<Event>> {
-        self.inner.claim(ids, handlers, token, lease).await
+        self.inner.claim(ids, handlers, tenants, token, lease).await
     }
     async fn inspect(&self, ids: &[EventId]) -> StoreResult<Inspection> {
         self.inner.inspect(ids).await

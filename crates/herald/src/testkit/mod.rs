@@ -296,6 +296,7 @@ macro_rules! store_suite {
             claim_skips_an_event_that_is_not_due,
             claim_skips_a_paused_event,
             claim_checks_rules_row_by_row_across_handlers,
+            claim_holds_a_paused_event_whatever_tenants_it_is_told,
             claim_skips_a_blocked_event,
             claim_skips_a_live_lease,
             claim_takes_an_expired_lease,

@@ -95,7 +95,8 @@ async fn claim_all(store: &dyn Store, ids: &[EventId], lease: Duration) -> Lease
         return token;
     }
     let got = store
-        .claim(ids, &["h".to_string()], token, lease)
+        // No tenants hint: each row is checked against the rules on its own.
+        .claim(ids, &["h".to_string()], &[], token, lease)
         .await
         .expect("claim");
     assert_eq!(got.len(), ids.len(), "setting up: every claim is taken");
@@ -116,11 +117,15 @@ async fn settle_all(store: &dyn Store, ids: &[EventId], token: Option<LeaseToken
     assert!(held.iter().all(|&h| h), "setting up: every settle holds");
 }
 
+/// The tenant of shape `i` in the copy `copy` of the shapes.
+fn tenant(copy: &str, i: usize) -> String {
+    format!("{copy}{i}")
+}
+
 /// Writes each shape as an event of its own tenant. Returns the ids, in
 /// the order of `shapes`.
 async fn write(store: &dyn Store, shapes: &[Shape], copy: &str) -> Vec<EventId> {
     let now = Millis::now();
-    let tenant = |i: usize| format!("{copy}{i}");
     let ids: Vec<EventId> = shapes.iter().map(|_| EventId::new()).collect();
     let events: Vec<NewEvent> = shapes
         .iter()
@@ -128,7 +133,7 @@ async fn write(store: &dyn Store, shapes: &[Shape], copy: &str) -> Vec<EventId> 
         .filter(|(_, s)| s.state.is_some())
         .map(|(i, s)| NewEvent {
             id: ids[i],
-            tenant: tenant(i),
+            tenant: tenant(copy, i),
             handler: "h".into(),
             payload: "{}".into(),
             // Due a second ago (a store clock a little behind the test's
@@ -180,7 +185,7 @@ async fn write(store: &dyn Store, shapes: &[Shape], copy: &str) -> Vec<EventId> 
         for (on, kind) in [(s.pause, RuleKind::Pause), (s.block, RuleKind::Block)] {
             if on {
                 let rule = Rule {
-                    tenant: tenant(i),
+                    tenant: tenant(copy, i),
                     handler: "h".into(),
                     kind,
                 };
@@ -233,9 +238,15 @@ pub async fn claim_takes_exactly_what_admit_would_claim(store: std::sync::Arc<dy
     let mut wrong = Vec::new();
     let mut claims = 0;
     let expected = admissions(store, &shapes, &singles).await;
-    for ((s, &id), &expect) in shapes.iter().zip(&singles).zip(&expected) {
+    for (i, ((s, &id), &expect)) in shapes.iter().zip(&singles).zip(&expected).enumerate() {
         let got = store
-            .claim(&[id], &handlers_for(s), LeaseToken::new(), LEASE)
+            .claim(
+                &[id],
+                &handlers_for(s),
+                &[tenant("one", i)],
+                LeaseToken::new(),
+                LEASE,
+            )
             .await
             .expect("claim");
         claims += usize::from(expect);
@@ -249,15 +260,16 @@ pub async fn claim_takes_exactly_what_admit_would_claim(store: std::sync::Arc<dy
     let expected = admissions(store, &shapes, &batched).await;
     let mut taken = std::collections::HashSet::new();
     for known in [true, false] {
-        let ids: Vec<EventId> = shapes
+        let (ids, tenants): (Vec<EventId>, Vec<String>) = shapes
             .iter()
             .zip(&batched)
-            .filter(|(s, _)| s.handler_known == known)
-            .map(|(_, &id)| id)
-            .collect();
+            .enumerate()
+            .filter(|(_, (s, _))| s.handler_known == known)
+            .map(|(i, (_, &id))| (id, tenant("many", i)))
+            .unzip();
         let handlers = vec![if known { "h" } else { "x" }.to_string()];
         let got = store
-            .claim(&ids, &handlers, LeaseToken::new(), LEASE)
+            .claim(&ids, &handlers, &tenants, LeaseToken::new(), LEASE)
             .await
             .expect("claim");
         taken.extend(got.into_iter().map(|e| e.id));

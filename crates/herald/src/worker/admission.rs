@@ -163,6 +163,15 @@ async fn free_claims(shared: &WorkerState) -> OwnedSemaphorePermit {
         .expect("the claim semaphore is never closed")
 }
 
+/// The tenants a batch's notifications named, each once: the claim's hint
+/// (a store may check the rules once per claim for them).
+fn tenants_named(notes: &[(EventId, Arc<Message>)]) -> Vec<String> {
+    let mut tenants: Vec<&str> = notes.iter().map(|(_, m)| m.tenant()).collect();
+    tenants.sort_unstable();
+    tenants.dedup();
+    tenants.into_iter().map(str::to_owned).collect()
+}
+
 /// Claims a batch in one store call; runs what was claimed; asks the store
 /// why the rest was not, and answers each notification per [`decision::admit`].
 /// `claims` holds one claim per event (fewer when one message alone has
@@ -185,10 +194,17 @@ async fn admit_batch(
     }
     let policy = shared.config.policy;
     let ids: Vec<EventId> = notes.iter().map(|(id, _)| *id).collect();
+    let tenants = tenants_named(&notes);
     let token = LeaseToken::new();
     let claimed = match shared
         .store
-        .claim(&ids, &shared.handler_names, token, shared.config.lease)
+        .claim(
+            &ids,
+            &shared.handler_names,
+            &tenants,
+            token,
+            shared.config.lease,
+        )
         .await
     {
         Ok(c) => c,

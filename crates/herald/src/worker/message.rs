@@ -36,6 +36,12 @@ impl Message {
         })
     }
 
+    /// The tenant the notification named: a hint for the claim, which
+    /// still checks an event of another tenant on its own.
+    pub(super) fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
     /// Records `id`'s reply; returns the message's answer when it was the
     /// last one owed.
     fn reply(&self, id: EventId, reply: Reply) -> Option<Close> {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use super::{Rig, H, QUIET, SOON};
+use super::{Rig, H, QUIET, SOON, T};
 use crate::client::EmitOptions;
 use crate::handler::{Context, HandlerError};
 use crate::model::LeaseToken;
@@ -20,7 +20,13 @@ pub async fn expired_lease_is_claimed_and_run(store: Arc<dyn Store>) {
     let dead_worker = LeaseToken::new();
     let got = rig
         .store
-        .claim(&[id], &[H.to_string()], dead_worker, Duration::ZERO)
+        .claim(
+            &[id],
+            &[H.to_string()],
+            &[T.to_string()],
+            dead_worker,
+            Duration::ZERO,
+        )
         .await
         .expect("claim");
     assert_eq!(got.len(), 1);
@@ -38,7 +44,13 @@ pub async fn live_lease_is_not_run_and_kept(store: Arc<dyn Store>) {
     let id = rig.emit().await;
     let holder = LeaseToken::new();
     rig.store
-        .claim(&[id], &[H.to_string()], holder, Duration::from_secs(3600))
+        .claim(
+            &[id],
+            &[H.to_string()],
+            &[T.to_string()],
+            holder,
+            Duration::from_secs(3600),
+        )
         .await
         .expect("claim");
     let w = rig.worker();

@@ -103,7 +103,13 @@ pub async fn a_message_redelivered_after_its_worker_died_runs_what_is_left(store
     let dead = LeaseToken::new();
     let claimed = rig
         .store
-        .claim(&ids, &[H.to_string()], dead, Duration::from_millis(800))
+        .claim(
+            &ids,
+            &[H.to_string()],
+            &[T.to_string()],
+            dead,
+            Duration::from_millis(800),
+        )
         .await
         .expect("claim");
     assert_eq!(claimed.len(), 6);

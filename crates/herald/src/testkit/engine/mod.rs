@@ -337,6 +337,7 @@ impl Rig {
         let event = &seen.found[0].event;
         let held = event.lease.expect("a lease to steal").token;
         let handler = event.handler.clone();
+        let tenant = event.tenant.clone();
         let released = self
             .store
             .settle(&[Settle {
@@ -354,7 +355,7 @@ impl Rig {
         let token = LeaseToken::new();
         let got = self
             .store
-            .claim(&[id], &[handler], token, lease)
+            .claim(&[id], &[handler], &[tenant], token, lease)
             .await
             .expect("claim");
         assert_eq!(got.len(), 1, "the stolen lease was claimed");

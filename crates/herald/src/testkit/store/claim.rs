@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::{
     block, bury, claim_one, emit_one, from_now, get, handlers, new_event, pause, settle_one,
-    store_now, LEASE, PAST_SHORT, SHORT,
+    store_now, tenants, LEASE, PAST_SHORT, SHORT,
 };
 use crate::model::{EventId, EventState, LeaseToken};
 use crate::store::{Finish, Store};
@@ -19,7 +19,7 @@ pub async fn claim_takes_the_lease_and_increments_attempt(store: Arc<dyn Store>)
     let token = LeaseToken::new();
     let before = store_now(store).await;
     let got = store
-        .claim(&[id], &handlers(&["h"]), token, LEASE)
+        .claim(&[id], &handlers(&["h"]), &tenants(&["t"]), token, LEASE)
         .await
         .expect("claim");
     let after = store_now(store).await;
@@ -98,7 +98,13 @@ pub async fn claim_checks_rules_row_by_row_across_handlers(store: Arc<dyn Store>
     let mut ids = [free, held, elsewhere];
     ids.sort();
     let got: HashSet<EventId> = store
-        .claim(&ids, &handlers(&["h", "h2"]), LeaseToken::new(), LEASE)
+        .claim(
+            &ids,
+            &handlers(&["h", "h2"]),
+            &tenants(&["t", "u"]),
+            LeaseToken::new(),
+            LEASE,
+        )
         .await
         .expect("claim")
         .into_iter()
@@ -109,6 +115,37 @@ pub async fn claim_checks_rules_row_by_row_across_handlers(store: Arc<dyn Store>
     // A claim of handlers no rule names takes its rows.
     let more = emit_one(store, new_event("t", "h")).await;
     assert!(claim_one(store, more, LEASE).await.is_some());
+}
+
+/// PauseCheck whatever the tenants hint says: the hint may spare a store
+/// the per-event rule check for the tenants it names, never the rule. A
+/// paused event is held, and the free one beside it taken, under a hint
+/// that names its tenant, names only the other, names neither, or is
+/// empty.
+pub async fn claim_holds_a_paused_event_whatever_tenants_it_is_told(store: Arc<dyn Store>) {
+    let store = store.as_ref();
+    assert!(store.add_rule(&pause("p", "h")).await.expect("add_rule"));
+    for hint in [&["p", "t"][..], &["t"], &["p"], &["nobody"], &[]] {
+        let held = emit_one(store, new_event("p", "h")).await;
+        let free = emit_one(store, new_event("t", "h")).await;
+        let mut ids = [held, free];
+        ids.sort();
+        let got: Vec<EventId> = store
+            .claim(
+                &ids,
+                &handlers(&["h"]),
+                &tenants(hint),
+                LeaseToken::new(),
+                LEASE,
+            )
+            .await
+            .expect("claim")
+            .into_iter()
+            .map(|e| e.id)
+            .collect();
+        assert_eq!(got, vec![free], "hint {hint:?}");
+        assert_eq!(get(store, held).await.lease, None, "hint {hint:?}");
+    }
 }
 
 /// PauseCheck (block): a blocked event is not claimed until unblocked.
@@ -177,13 +214,19 @@ pub async fn claim_skips_a_handler_the_worker_does_not_have(store: Arc<dyn Store
     let id = emit_one(store, new_event("t", "other")).await;
     assert_eq!(claim_one(store, id, LEASE).await, None);
     let none = store
-        .claim(&[id], &[], LeaseToken::new(), LEASE)
+        .claim(&[id], &[], &tenants(&["t"]), LeaseToken::new(), LEASE)
         .await
         .expect("claim");
     assert!(none.is_empty());
     assert_eq!(get(store, id).await.attempt, 0);
     let got = store
-        .claim(&[id], &handlers(&["h", "other"]), LeaseToken::new(), LEASE)
+        .claim(
+            &[id],
+            &handlers(&["h", "other"]),
+            &tenants(&["t"]),
+            LeaseToken::new(),
+            LEASE,
+        )
         .await
         .expect("claim");
     assert_eq!(got.len(), 1);
@@ -241,7 +284,13 @@ pub async fn claim_of_a_batch_returns_only_the_claimable(store: Arc<dyn Store>) 
     let (ids, claimable) = claim_scenario(store).await;
     let token = LeaseToken::new();
     let got = store
-        .claim(&ids, &handlers(&["h"]), token, LEASE)
+        .claim(
+            &ids,
+            &handlers(&["h"]),
+            &tenants(&["b", "p", "t"]),
+            token,
+            LEASE,
+        )
         .await
         .expect("claim");
     let got_ids: HashSet<EventId> = got.iter().map(|e| e.id).collect();
@@ -268,7 +317,13 @@ pub async fn claims_of_one_or_a_few_ids_agree_with_the_batch(store: Arc<dyn Stor
     let mut got = Vec::new();
     for chunk in singles.chunks(1).chain(pairs.chunks(2)) {
         let claimed = store
-            .claim(chunk, &handlers(&["h"]), LeaseToken::new(), LEASE)
+            .claim(
+                chunk,
+                &handlers(&["h"]),
+                &tenants(&["t"]),
+                LeaseToken::new(),
+                LEASE,
+            )
             .await
             .expect("claim");
         got.extend(claimed.into_iter().map(|e| e.id));
@@ -291,7 +346,7 @@ pub async fn sixteen_concurrent_claims_of_one_event_have_one_winner(store: Arc<d
                     barrier.wait().await;
                     let token = LeaseToken::new();
                     let got = store
-                        .claim(&[id], &handlers(&["h"]), token, LEASE)
+                        .claim(&[id], &handlers(&["h"]), &tenants(&["t"]), token, LEASE)
                         .await
                         .expect("claim");
                     (got.len(), token)

@@ -94,6 +94,11 @@ fn handlers(names: &[&str]) -> Vec<String> {
     names.iter().map(|s| s.to_string()).collect()
 }
 
+/// A claim's tenants hint.
+fn tenants(names: &[&str]) -> Vec<String> {
+    handlers(names)
+}
+
 fn pause(tenant: &str, handler: &str) -> Rule {
     Rule {
         tenant: tenant.into(),
@@ -136,7 +141,7 @@ async fn emit_all(store: &dyn Store, events: &[NewEvent]) -> Vec<EventId> {
 async fn claim_one(store: &dyn Store, id: EventId, lease: Duration) -> Option<LeaseToken> {
     let token = LeaseToken::new();
     let got = store
-        .claim(&[id], &handlers(&["h"]), token, lease)
+        .claim(&[id], &handlers(&["h"]), &tenants(&["t"]), token, lease)
         .await
         .expect("claim");
     match got.len() {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::{
     bury, claim_one, emit_all, emit_one, every_finish, get, handlers, new_event, old_event,
-    release, settle_one, store_now, sweep_once, LEASE, PAST_SHORT, QUIET, SHORT,
+    release, settle_one, store_now, sweep_once, tenants, LEASE, PAST_SHORT, QUIET, SHORT,
 };
 use crate::model::{EventId, EventState, LeaseToken};
 use crate::store::{Finish, LeaseRef, Settle, Store};
@@ -27,7 +27,7 @@ pub async fn settle_delete_archive_and_bury(store: Arc<dyn Store>) {
     .await;
     let token = LeaseToken::new();
     let claimed = store
-        .claim(&ids, &handlers(&["h"]), token, LEASE)
+        .claim(&ids, &handlers(&["h"]), &tenants(&["t"]), token, LEASE)
         .await
         .expect("claim");
     assert_eq!(claimed.len(), 3);
