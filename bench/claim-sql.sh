@@ -64,7 +64,7 @@ variant leaf claim 's/WHERE e\.id = ANY(\$3)/WHERE e.id = ANY($3) AND e.leaf = 1
 variant leaf settle_delete 's/WHERE e\.id = ANY(\$1)/WHERE e.id = ANY($1) AND e.leaf = 1/'
 variant no_rules claim '/AND (((SELECT NOT EXISTS (SELECT 1 FROM rules/,/OFFSET 0))/d'
 variant rule_each claim 's/AND e\.tenant = ANY(\$5))/AND false)/'
-variant by_handler claim 's/WHERE h\.tenant = ANY(\$5) AND (h\.handler || '\'''\') = ANY(\$4)))/WHERE h.handler = ANY($4)))/; s/AND e\.tenant = ANY(\$5))/AND true)/'
+variant by_handler claim 's/WHERE h\.tenant = ANY(\$5) AND (h\.handler || [^)]*) = ANY(\$4)))/WHERE h.handler = ANY($4)))/; s/AND e\.tenant = ANY(\$5))/AND true)/'
 variant harness claim 's/WHERE e\.id = ANY(\$3)/WHERE e.id = ANY($3) AND false/'
 sql <<'SQL' >/dev/null
 CREATE FUNCTION herald.claim_read(uuid, bigint, uuid[], text[], text[]) RETURNS SETOF herald.events

@@ -6,8 +6,8 @@
 # ANALYZE as the drain starts (after the untimed emits), the statements
 # forgotten then and the costliest written when it ends, with PostgreSQL's
 # CPU over the drain (../shared/tools/pg-cpu). Each run prints its rate,
-# PostgreSQL CPU per 1,000 events and statements per event, then its
-# statements. Queues and sizes alternate, RUNS times, so that a slow
+# PostgreSQL CPU and herald's process CPU per 1,000 events and statements
+# per event, then its statements. Queues and sizes alternate, RUNS times, so that a slow
 # minute of the machine does not land on one of them.
 #
 #   bench/drain-statements.sh                                     # memory and NATS, 200,000 events, twice
@@ -69,9 +69,12 @@ for run in $(seq 1 "$RUNS"); do
       wait $! || { cat "$out/stderr" >&2; exit 1; }
       # marks: PHASE WALL_MS PG_CPU_MS STATEMENTS …
       read -r pg statements < <(awk '$1 == "drain-start" {p = $3; s = $4} $1 == "drain-end" {print $3 - p, $4 - s}' "$out/marks")
-      rate=$(tail -1 "$out/stdout" | python3 -c "import sys, json; print(round(json.load(sys.stdin)['events_per_s']))")
+      read -r rate proc < <(tail -1 "$out/stdout" | python3 -c "
+import sys, json
+r = json.load(sys.stdin)
+print(round(r['events_per_s']), round(r['process_cpu_ms'] * 1000 / $EVENTS, 1))")
       echo
-      echo "== $queue at $size, run $run: $rate events/s, PostgreSQL CPU $pg ms ($(( pg * 1000 / EVENTS )) per 1,000 events), $(python3 -c "print(round($statements / $EVENTS, 3))") statements per event"
+      echo "== $queue at $size, run $run: $rate events/s, PostgreSQL CPU $pg ms ($(( pg * 1000 / EVENTS )) per 1,000 events), herald's process $proc ms per 1,000, $(python3 -c "print(round($statements / $EVENTS, 3))") statements per event"
       [ "${STATEMENTS:-1}" = 0 ] || cat "$out/statements.txt"
     done
   done
