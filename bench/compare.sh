@@ -30,10 +30,8 @@
 #   second process runs them, for at most RESCUE_TIMEOUT s), emit (herald
 #   only: `herald bench emit`, 20,000 single emits 32 at a time, then
 #   200,000 in batches of 1,000; the peers' contract has no emit case).
-# HERALD_WORKER_CONCURRENCY (512), HERALD_WORKER_CLAIM_AHEAD (4096) and
-#   HERALD_PG_MAX_CONNECTIONS (twice the machine's cores: more backends
-#   only contend for the cores, docs/serve.md "Sizing"): herald's throughput
-#   sizing; any other HERALD_ variable applies too.
+# HERALD_WORKER_CONCURRENCY (512) and HERALD_WORKER_CLAIM_AHEAD (4096): herald's
+#   throughput sizing; any other HERALD_ variable applies too.
 # FULL_SYSTEMS and OTHER_CASES: to shorten a sitting, the systems not in
 #   FULL_SYSTEMS (default: all) run OTHER_CASES instead of CASES.
 # REPEAT (1): how many times each drain case runs, each time in a fresh
@@ -65,7 +63,6 @@ LH_SAMPLE=${LH_SAMPLE:-5}
 # throughput advice (docs/serve.md, "Sizing"); knobs land in each result.
 export HERALD_WORKER_CONCURRENCY=${HERALD_WORKER_CONCURRENCY:-512}
 export HERALD_WORKER_CLAIM_AHEAD=${HERALD_WORKER_CLAIM_AHEAD:-4096}
-export HERALD_PG_MAX_CONNECTIONS=${HERALD_PG_MAX_CONNECTIONS:-$((2 * $(nproc)))}
 REPEAT=${REPEAT:-1}
 REPEAT_CASES=${REPEAT_CASES:-"clean delayed paused hold-tx stale mid-analyze"}
 REPEAT_SYSTEMS=${REPEAT_SYSTEMS:-$SYSTEMS}

@@ -396,10 +396,11 @@ async fn claim_probes(
     )
 }
 
-/// Schema 9: the claim probes `rules_pkey` once per row only for rows whose
-/// tenant its hint does not name, or when a rule names one of the hinted
-/// tenants with one of its handlers; otherwise its once-per-claim check
-/// leaves the per-row probe unexecuted. The claim's body is run under its
+/// Schema 9: the claim probes `rules_pkey` per row only when a rule names
+/// one of its handlers, and then only the rows whose tenant its hint does
+/// not name, or every row when a rule names a hinted tenant with one of its
+/// handlers; otherwise its once-per-claim checks leave the per-row probe
+/// unexecuted. The claim's body is run under its
 /// own settings with EXPLAIN ANALYZE, inside a transaction that is rolled
 /// back, so each case claims the same rows.
 #[tokio::test]
@@ -429,21 +430,13 @@ async fn the_claim_probes_rules_per_row_only_where_its_tenants_hint_cannot_vouch
         .expect("the claim function");
     let all = "{h0,h1,h2,h3,h4,h5,h6,h7}";
     let every_tenant = "{t0,t1,t2,t3}";
-    assert_eq!(
-        claim_probes(&mut conn, &routine, &q, all, every_tenant).await,
-        (64, 0),
-        "no rule: no per-row probe"
-    );
-    assert_eq!(
-        claim_probes(&mut conn, &routine, &q, all, "{t1,t2,t3}").await,
-        (64, 16),
-        "no rule, but t0 not in the hint: t0's 16 rows probed"
-    );
-    assert_eq!(
-        claim_probes(&mut conn, &routine, &q, all, "{}").await,
-        (64, 64),
-        "no hint: every row probed"
-    );
+    for hint in [every_tenant, "{t1,t2,t3}", "{}"] {
+        assert_eq!(
+            claim_probes(&mut conn, &routine, &q, all, hint).await,
+            (64, 0),
+            "no rule names the claim's handlers: no per-row probe, hint {hint}"
+        );
+    }
     conn.execute(
         format!(
             "INSERT INTO {q}.rules (tenant, handler, kind, created_at) VALUES ('t0', 'h0', 'pause', 0)"
@@ -462,6 +455,11 @@ async fn the_claim_probes_rules_per_row_only_where_its_tenants_hint_cannot_vouch
         claim_probes(&mut conn, &routine, &q, all, "{t1,t2,t3}").await,
         (56, 16),
         "the rule's tenant is not in the hint: only that tenant's rows probed"
+    );
+    assert_eq!(
+        claim_probes(&mut conn, &routine, &q, all, "{}").await,
+        (56, 64),
+        "a rule names a handler of the claim and there is no hint: every row probed"
     );
     assert_eq!(
         claim_probes(&mut conn, &routine, &q, "{h1}", every_tenant).await,

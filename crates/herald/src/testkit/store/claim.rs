@@ -120,12 +120,15 @@ pub async fn claim_checks_rules_row_by_row_across_handlers(store: Arc<dyn Store>
 /// PauseCheck whatever the tenants hint says: the hint may spare a store
 /// the per-event rule check for the tenants it names, never the rule. A
 /// paused event is held, and the free one beside it taken, under a hint
-/// that names its tenant, names only the other, names neither, or is
-/// empty.
+/// that names its tenant, names only the other, names neither, is empty,
+/// or names both among many (more than a store may take as a hint).
 pub async fn claim_holds_a_paused_event_whatever_tenants_it_is_told(store: Arc<dyn Store>) {
     let store = store.as_ref();
     assert!(store.add_rule(&pause("p", "h")).await.expect("add_rule"));
-    for hint in [&["p", "t"][..], &["t"], &["p"], &["nobody"], &[]] {
+    let many: Vec<String> = (0..100).map(|i| format!("other{i}")).collect();
+    let mut many: Vec<&str> = many.iter().map(String::as_str).collect();
+    many.extend(["p", "t"]);
+    for hint in [&["p", "t"][..], &["t"], &["p"], &["nobody"], &[], &many] {
         let held = emit_one(store, new_event("p", "h")).await;
         let free = emit_one(store, new_event("t", "h")).await;
         let mut ids = [held, free];
