@@ -26,8 +26,9 @@ pub(crate) const NOW_EXPR: &str = "floor(date_part('epoch', now()) * 1000)::bigi
 /// attempts left, has a handler in `$4`, and no rule matches. Changes only
 /// columns that no index covers, so it is a HOT update when the page has
 /// room. `$1` token, `$2` lease in ms, `$3` ids (sorted), `$4` handlers,
-/// `$5` the tenants the notifications named (a hint: schema 9 checks the
-/// rules once per claim for these, per row for any other).
+/// `$5` the tenants the notifications named (a hint: when a rule names one
+/// of `$4`, schema 9 checks the rules once per claim for these tenants and
+/// per row for any other).
 const CLAIM: &str = "SELECT {cols} FROM {s}.claim($1, $2, $3, $4, $5) AS e{nowait}";
 
 /// Events by id with their rules, and the clock (one row with a NULL event

@@ -51,8 +51,6 @@ impl Store for PgStore {
         let mut ids = uuids(ids);
         ids.sort_unstable();
         ids.dedup();
-        // A row is tested against the hint by a scan of the array; past
-        // TENANT_HINT_LIMIT that costs about what the probe it saves does.
         let tenants = if tenants.len() > TENANT_HINT_LIMIT {
             &[][..]
         } else {
