@@ -49,6 +49,12 @@ async fn load(conn: &mut PgConnection, q: &str, n: i64) {
     )
     .await
     .expect("load events");
+    // Leaves that hold events are not empty: the hot statements skip the
+    // ring leaves marked empty (schema 10), which only a retire's TRUNCATE
+    // makes so.
+    conn.execute(format!("UPDATE {q}.ring SET phase = 'draining' WHERE phase = 'empty'").as_str())
+        .await
+        .expect("mark the loaded leaves");
 }
 
 /// An argument of `ty` for EXPLAIN EXECUTE (a literal: EXECUTE takes no
@@ -349,11 +355,46 @@ fn loops_on(node: &Value, index: &str) -> u64 {
         .map_or(0, |c| c.iter().map(|n| loops_on(n, index)).sum())
 }
 
+/// EXPLAIN ANALYZE of `routine`'s body, run with `args` (literals: EXECUTE
+/// takes no subqueries) under the function's own settings, in a
+/// transaction rolled back: the plan's top node.
+async fn analyze(conn: &mut PgConnection, routine: &testing::Routine, args: &str) -> Value {
+    begin_with_settings(conn, routine).await;
+    conn.execute(
+        format!(
+            "PREPARE r({}) AS {}",
+            routine.types.join(", "),
+            routine.body
+        )
+        .as_str(),
+    )
+    .await
+    .expect("prepare the body");
+    let text: String = sqlx::query_scalar("SELECT pg_temp.plan_of($1)")
+        .bind(format!("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE r({args})"))
+        .fetch_one(&mut *conn)
+        .await
+        .expect("explain analyze the body");
+    conn.execute("ROLLBACK").await.expect("rollback");
+    conn.execute("DEALLOCATE r").await.expect("deallocate");
+    let plan: Value = serde_json::from_str(&text).expect("EXPLAIN's JSON");
+    plan[0]["Plan"].clone()
+}
+
+/// Every stored id, in order, as an array literal.
+async fn stored_ids(conn: &mut PgConnection, q: &str) -> String {
+    sqlx::query_scalar(&format!(
+        "SELECT array_agg(id ORDER BY id)::text FROM {q}.events"
+    ))
+    .fetch_one(&mut *conn)
+    .await
+    .expect("the ids")
+}
+
 /// The claim's body over every stored event for `handlers` with the
-/// tenants hint `tenants` (text[] literals), under the function's own
-/// settings, with EXPLAIN ANALYZE in a transaction rolled back: the rows it
-/// took and its per-row probes of `rules_pkey` (the once-per-claim check
-/// scans it too, once: not counted).
+/// tenants hint `tenants` (text[] literals): the rows it took and its
+/// per-row probes of `rules_pkey` (the once-per-claim check scans it too,
+/// once: not counted).
 async fn claim_probes(
     conn: &mut PgConnection,
     routine: &testing::Routine,
@@ -361,38 +402,16 @@ async fn claim_probes(
     handlers: &str,
     tenants: &str,
 ) -> (u64, u64) {
-    begin_with_settings(conn, routine).await;
-    conn.execute(
-        format!(
-            "PREPARE c(uuid, bigint, uuid[], text[], text[]) AS {}",
-            routine.body
-        )
-        .as_str(),
+    let ids = stored_ids(conn, q).await;
+    let top = analyze(
+        conn,
+        routine,
+        &format!("gen_random_uuid(), 30000, '{ids}', '{handlers}', '{tenants}'"),
     )
-    .await
-    .expect("prepare the claim's body");
-    // EXECUTE takes no subqueries: the ids as a literal.
-    let ids: String = sqlx::query_scalar(&format!(
-        "SELECT array_agg(id ORDER BY id)::text FROM {q}.events"
-    ))
-    .fetch_one(&mut *conn)
-    .await
-    .expect("the ids");
-    let text: String = sqlx::query_scalar("SELECT pg_temp.plan_of($1)")
-        .bind(format!(
-            "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE c(gen_random_uuid(), 30000, \
-             '{ids}', '{handlers}', '{tenants}')"
-        ))
-        .fetch_one(&mut *conn)
-        .await
-        .expect("explain analyze the claim");
-    conn.execute("ROLLBACK").await.expect("rollback");
-    conn.execute("DEALLOCATE c").await.expect("deallocate");
-    let plan: Value = serde_json::from_str(&text).expect("EXPLAIN's JSON");
-    let top = &plan[0]["Plan"];
+    .await;
     (
         top["Actual Rows"].as_u64().expect("rows"),
-        loops_on(top, "rules_pkey"),
+        loops_on(&top, "rules_pkey"),
     )
 }
 
@@ -466,5 +485,113 @@ async fn the_claim_probes_rules_per_row_only_where_its_tenants_hint_cannot_vouch
         (8, 0),
         "the rule names no handler of the claim: no per-row probe"
     );
+    let _ = conn.close().await;
+}
+
+/// Schema 10: the claim, the settles and the renewal probe no ring leaf
+/// marked empty (run-time pruning leaves its scan unexecuted), and probe a
+/// leaf again once a flip makes it filling; events_cold is always probed.
+#[tokio::test]
+async fn the_hot_statements_skip_the_empty_leaves() {
+    let Some((store, guard)) = testing::fresh_schema(&testing::test_name()).await else {
+        return;
+    };
+    let schema = guard.name().to_string();
+    let q = format!("\"{schema}\"");
+    let statements = store.statements();
+    store.pool().close().await;
+    let mut conn = PgConnection::connect_with(&testing::connect_options())
+        .await
+        .expect("connect");
+    create_plan_of(&mut conn).await;
+    // 64 events in the filling leaf (1); leaves 2 and 3 empty, as migrated.
+    conn.execute(
+        format!(
+            "INSERT INTO {q}.events (id, run_at, notified_at, created_at, updated_at, \
+               max_attempts, tenant, handler, payload, leaf) \
+             SELECT gen_random_uuid(), 0, 0, 0, 0, 5, 't', 'h', '{{}}', 1 \
+             FROM generate_series(1, 64)"
+        )
+        .as_str(),
+    )
+    .await
+    .expect("load events");
+    let ids = stored_ids(&mut conn, &q).await;
+    let nulls = format!("'{{{}}}'", vec!["NULL"; 64].join(","));
+    let ords = format!(
+        "'{{{}}}'",
+        (1..=64)
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    // Each statement's function with arguments that find all 64 (the
+    // settles fence on "no lease", which these events have) and the rows it
+    // returns: the renewal's fence (a lease token) holds for none, but it
+    // probes the same leaves.
+    let calls = [
+        ("claim", format!("gen_random_uuid(), 30000, '{ids}', '{{h}}', '{{t}}'")),
+        ("settle_delete", format!("'{ids}', {nulls}, {ords}")),
+        ("settle_archive", format!("'{ids}', {nulls}, {ords}")),
+        ("settle_release", format!("'{ids}', {nulls}, {ords}, array_fill(0::int8, ARRAY[64]), array_fill(0, ARRAY[64]), array_fill(NULL::text, ARRAY[64])")),
+        ("settle_bury", format!("'{ids}', {nulls}, {ords}, array_fill('e'::text, ARRAY[64])")),
+        ("renew", format!("30000, '{ids}', array_fill(gen_random_uuid(), ARRAY[64]), {ords}")),
+    ];
+    let mut routines = Vec::new();
+    for (name, args) in &calls {
+        let sql = &statements
+            .iter()
+            .find(|(n, _)| n == name)
+            .expect("the statement")
+            .1;
+        let routine = testing::routines(&mut conn, &schema, &q, sql)
+            .await
+            .into_iter()
+            .find(|r| r.name == *name)
+            .expect("its function");
+        let rows = if *name == "renew" { 0 } else { 64 };
+        routines.push((routine, args.clone(), rows));
+    }
+    let probed = |top: &Value| -> Vec<u64> {
+        [
+            "events_cold_pkey",
+            "events_1_pkey",
+            "events_2_pkey",
+            "events_3_pkey",
+        ]
+        .iter()
+        .map(|i| loops_on(top, i))
+        .collect()
+    };
+    for (routine, args, rows) in &routines {
+        let top = analyze(&mut conn, routine, args).await;
+        assert_eq!(
+            top["Actual Rows"].as_u64(),
+            Some(*rows),
+            "{}: {top:#}",
+            routine.name
+        );
+        assert_eq!(
+            probed(&top),
+            [1, 1, 0, 0],
+            "{}: cold and the filling leaf probed, the empty ones not",
+            routine.name
+        );
+    }
+    // A flip makes leaf 2 filling: it is probed from then on.
+    let flipped: bool = sqlx::query_scalar(&format!("SELECT {q}.ring_flip(1::int2, 2::int2)"))
+        .fetch_one(&mut conn)
+        .await
+        .expect("flip");
+    assert!(flipped);
+    for (routine, args, _) in &routines {
+        let top = analyze(&mut conn, routine, args).await;
+        assert_eq!(
+            probed(&top),
+            [1, 1, 1, 0],
+            "{} after the flip",
+            routine.name
+        );
+    }
     let _ = conn.close().await;
 }
