@@ -65,7 +65,7 @@ variant schema claim
 variant schema settle_delete
 variant leaf claim 's/WHERE e\.id = ANY(\$3)/WHERE e.id = ANY($3) AND e.leaf = 1/'
 variant leaf settle_delete 's/WHERE e\.id = ANY(\$1)/WHERE e.id = ANY($1) AND e.leaf = 1/'
-unprune='/AND e\.leaf IN (0::smallint,/,/l\.leaf = 3 AND NOT l\.empty))/d'
+unprune='/AND (e\.leaf = 0$/,/l\.leaf = 3 AND NOT l\.empty))/d'
 variant all claim "$unprune"
 variant all settle_delete "$unprune"
 variant no_rules claim '/AND ((SELECT NOT EXISTS (SELECT 1 FROM rules/,/OFFSET 0))/d'
