@@ -222,6 +222,7 @@ async fn main() {
                 for leaf in (keep + 1)..=3 {
                     p.exec(&format!(
                         "DELETE FROM {{s}}.ring WHERE leaf = {leaf}; \
+                         DELETE FROM {{s}}.ring_empty WHERE leaf = {leaf}; \
                          ALTER TABLE {{s}}.events DETACH PARTITION {{s}}.events_{leaf}; \
                          DROP TABLE {{s}}.events_{leaf}"
                     ))

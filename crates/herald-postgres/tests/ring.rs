@@ -77,6 +77,28 @@ async fn turn_around(store: &PgStore) {
     }
 }
 
+/// `n` turns of the ring, `pause` apart, then `stop` set: the turns'
+/// errors, when the task ends.
+fn turns(
+    store: &Arc<PgStore>,
+    stop: &Arc<std::sync::atomic::AtomicBool>,
+    n: usize,
+    pause: Duration,
+) -> tokio::task::JoinHandle<Vec<String>> {
+    let (store, stop) = (store.clone(), stop.clone());
+    tokio::spawn(async move {
+        let mut failed = Vec::new();
+        for _ in 0..n {
+            if let Err(e) = store.upkeep().await {
+                failed.push(e.to_string());
+            }
+            tokio::time::sleep(pause).await;
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        failed
+    })
+}
+
 #[tokio::test]
 async fn events_of_every_kind_outlive_their_leaf_unchanged() {
     let Some((store, _schema)) = rig().await else {
@@ -264,20 +286,7 @@ async fn racing_emits_and_turns_store_each_event_once() {
     );
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     // 40 turns, each retiring the leaf the one before filled.
-    let turner = {
-        let (store, stop) = (store.clone(), stop.clone());
-        tokio::spawn(async move {
-            let mut failed = Vec::new();
-            for _ in 0..40 {
-                if let Err(e) = store.upkeep().await {
-                    failed.push(e.to_string());
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
-            failed
-        })
-    };
+    let turner = turns(&store, &stop, 40, Duration::from_millis(5));
     let mut emitters = Vec::new();
     for e in 0..6 {
         let (store, events, stop) = (store.clone(), events.clone(), stop.clone());
@@ -469,20 +478,7 @@ async fn claims_and_settles_racing_turns_find_every_event() {
     };
     let store = Arc::new(store);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let turner = {
-        let (store, stop) = (store.clone(), stop.clone());
-        tokio::spawn(async move {
-            let mut failed = Vec::new();
-            for _ in 0..60 {
-                if let Err(e) = store.upkeep().await {
-                    failed.push(e.to_string());
-                }
-                tokio::time::sleep(Duration::from_millis(3)).await;
-            }
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
-            failed
-        })
-    };
+    let turner = turns(&store, &stop, 60, Duration::from_millis(3));
     let (sent, mut arrived) = tokio::sync::mpsc::unbounded_channel::<Vec<EventId>>();
     let emitter = {
         let (store, stop) = (store.clone(), stop.clone());
