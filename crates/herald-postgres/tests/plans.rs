@@ -4,8 +4,8 @@
 //! (under that function's own settings), under fresh, stale and
 //! deliberately wrong statistics, with generic and custom plans. Every node
 //! that reads `events` must be an index scan of a unique index with an index
-//! condition (one row per id of the batch, in id order), or a bitmap scan of
-//! `events_pkey` by the batch's ids.
+//! condition on its key, not on the leaf too (one row per id of the batch,
+//! in id order), or a bitmap scan of `events_pkey` by the batch's ids.
 //!
 //! `PLANS=print cargo test -p herald-postgres --test plans -- --nocapture`
 //! prints every plan's shape.
