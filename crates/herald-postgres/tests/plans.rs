@@ -36,25 +36,36 @@ const BATCH: i64 = 512;
 /// Inserts `n` due, pending events straight into the schema, spread over
 /// every leaf (events_cold and the ring's three).
 async fn load(conn: &mut PgConnection, q: &str, n: i64) {
+    load_into(conn, q, n, "i % 4").await;
+}
+
+/// Inserts `n` due, pending events straight into the schema, the i-th into
+/// the leaf `leaf` (SQL of `i`), and marks the ring leaves that now hold
+/// events not empty: the hot statements skip the leaves marked empty
+/// (schema 10), which only a retire's TRUNCATE makes so.
+async fn load_into(conn: &mut PgConnection, q: &str, n: i64, leaf: &str) {
     conn.execute(
         format!(
             "INSERT INTO {q}.events (id, run_at, notified_at, created_at, updated_at, \
                max_attempts, tenant, handler, payload, idempotency_key, leaf) \
              SELECT gen_random_uuid(), 0, 0, 0, 0, 5, 't' || (i % 4), 'h' || (i % 8), \
                     '{{\"i\":' || i || '}}', CASE WHEN i % 10 = 0 THEN gen_random_uuid()::text END, \
-                    i % 4 \
+                    {leaf} \
              FROM generate_series(1, {n}) AS i"
         )
         .as_str(),
     )
     .await
     .expect("load events");
-    // Leaves that hold events are not empty: the hot statements skip the
-    // ring leaves marked empty (schema 10), which only a retire's TRUNCATE
-    // makes so.
-    conn.execute(format!("UPDATE {q}.ring SET phase = 'draining' WHERE phase = 'empty'").as_str())
-        .await
-        .expect("mark the loaded leaves");
+    conn.execute(
+        format!(
+            "UPDATE {q}.ring SET phase = 'draining' WHERE phase = 'empty' \
+             AND leaf IN (SELECT DISTINCT leaf FROM {q}.events)"
+        )
+        .as_str(),
+    )
+    .await
+    .expect("mark the loaded leaves");
 }
 
 /// An argument of `ty` for EXPLAIN EXECUTE (a literal: EXECUTE takes no
@@ -534,17 +545,7 @@ async fn the_hot_statements_skip_the_empty_leaves() {
         .expect("connect");
     create_plan_of(&mut conn).await;
     // 64 events in the filling leaf (1); leaves 2 and 3 empty, as migrated.
-    conn.execute(
-        format!(
-            "INSERT INTO {q}.events (id, run_at, notified_at, created_at, updated_at, \
-               max_attempts, tenant, handler, payload, leaf) \
-             SELECT gen_random_uuid(), 0, 0, 0, 0, 5, 't', 'h', '{{}}', 1 \
-             FROM generate_series(1, 64)"
-        )
-        .as_str(),
-    )
-    .await
-    .expect("load events");
+    load_into(&mut conn, &q, 64, "1").await;
     let ids = stored_ids(&mut conn, &q).await;
     let nulls = format!("'{{{}}}'", vec!["NULL"; 64].join(","));
     let ords = format!(
@@ -559,7 +560,10 @@ async fn the_hot_statements_skip_the_empty_leaves() {
     // returns: the renewal's fence (a lease token) holds for none, but it
     // probes the same leaves.
     let calls = [
-        ("claim", format!("gen_random_uuid(), 30000, '{ids}', '{{h}}', '{{t}}'")),
+        (
+            "claim",
+            format!("gen_random_uuid(), 30000, '{ids}', '{{h0,h1,h2,h3,h4,h5,h6,h7}}', '{{t0,t1,t2,t3}}'"),
+        ),
         ("settle_delete", format!("'{ids}', {nulls}, {ords}")),
         ("settle_archive", format!("'{ids}', {nulls}, {ords}")),
         ("settle_release", format!("'{ids}', {nulls}, {ords}, array_fill(0::int8, ARRAY[64]), array_fill(0, ARRAY[64]), array_fill(NULL::text, ARRAY[64])")),
