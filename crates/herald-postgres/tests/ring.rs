@@ -550,3 +550,93 @@ async fn claims_and_settles_racing_turns_find_every_event() {
     let left: i64 = per_leaf(&store).await.values().sum();
     assert_eq!(left, 0, "every event settled");
 }
+
+/// Each ring leaf's storage file and heap size, by leaf.
+async fn leaf_files(store: &PgStore) -> HashMap<i16, (i64, i64)> {
+    sqlx::query_as::<_, (i16, i64, i64)>(&format!(
+        "SELECT l::int2, pg_relation_filenode(c)::int8, pg_relation_size(c)::int8 \
+         FROM (SELECT l, format('%I.%I', '{0}', 'events_' || l)::regclass AS c \
+               FROM generate_series(1, 3) AS l) AS x",
+        store.schema()
+    ))
+    .fetch_all(store.pool())
+    .await
+    .expect("the leaves' files")
+    .into_iter()
+    .map(|(l, file, bytes)| (l, (file, bytes)))
+    .collect()
+}
+
+/// Migration 11: a retire TRUNCATEs a leaf that held rows (here one event,
+/// run and deleted: no live row, a dead one), and leaves a leaf nothing was
+/// stored in alone, only marking it empty; the ring goes on turning and
+/// storing events.
+#[tokio::test]
+async fn a_retire_truncates_only_a_leaf_that_held_rows() {
+    let Some((store, _schema)) = rig().await else {
+        return;
+    };
+    let used = filling(&store).await;
+    let e = event("h", Duration::ZERO);
+    store.emit(&[e.clone()]).await.expect("emit");
+    let token = LeaseToken::new();
+    let got = store
+        .claim(
+            &[e.id],
+            &handlers(&["h"]),
+            &["t".into()],
+            token,
+            Duration::from_secs(60),
+        )
+        .await
+        .expect("claim");
+    assert_eq!(got.len(), 1, "the event claimed");
+    let held = store
+        .settle(&[Settle {
+            id: e.id,
+            token: Some(token),
+            finish: Finish::Delete,
+        }])
+        .await
+        .expect("settle");
+    assert_eq!(held, vec![true]);
+    let before = leaf_files(&store).await;
+    assert!(before[&used].1 > 0, "the used leaf has a page: {before:?}");
+    turn_around(&store).await;
+    let after = leaf_files(&store).await;
+    for leaf in 1..=3 {
+        let ((file0, _), (file1, bytes1)) = (before[&leaf], after[&leaf]);
+        assert_eq!(bytes1, 0, "leaf {leaf} left with a page: {after:?}");
+        if leaf == used {
+            assert_ne!(file0, file1, "leaf {leaf} held a row and was not TRUNCATEd");
+        } else {
+            assert_eq!(file0, file1, "leaf {leaf} held nothing and was TRUNCATEd");
+        }
+    }
+    // The copy of the phases agrees with the ring, and the ring still stores.
+    let disagree: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM \"{0}\".ring AS r JOIN \"{0}\".ring_empty AS l USING (leaf) \
+         WHERE (r.phase = 'empty') <> l.empty",
+        store.schema()
+    ))
+    .fetch_one(store.pool())
+    .await
+    .expect("ring_empty against ring");
+    assert_eq!(disagree, 0, "ring_empty disagrees with ring");
+    let next = event("h", Duration::ZERO);
+    store
+        .emit(&[next.clone()])
+        .await
+        .expect("emit after the turns");
+    let got = store
+        .claim(
+            &[next.id],
+            &handlers(&["h"]),
+            &["t".into()],
+            LeaseToken::new(),
+            Duration::from_secs(60),
+        )
+        .await
+        .expect("claim after the turns");
+    assert_eq!(got.len(), 1, "an event stored after the turns is claimed");
+}
