@@ -578,7 +578,7 @@ async fn a_retire_truncates_only_a_leaf_that_held_rows() {
     };
     let used = filling(&store).await;
     let e = event("h", Duration::ZERO);
-    store.emit(&[e.clone()]).await.expect("emit");
+    store.emit(std::slice::from_ref(&e)).await.expect("emit");
     let token = LeaseToken::new();
     let got = store
         .claim(
@@ -625,7 +625,7 @@ async fn a_retire_truncates_only_a_leaf_that_held_rows() {
     assert_eq!(disagree, 0, "ring_empty disagrees with ring");
     let next = event("h", Duration::ZERO);
     store
-        .emit(&[next.clone()])
+        .emit(std::slice::from_ref(&next))
         .await
         .expect("emit after the turns");
     let got = store
