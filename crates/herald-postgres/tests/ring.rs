@@ -567,6 +567,22 @@ async fn leaf_files(store: &PgStore) -> HashMap<i16, (i64, i64)> {
     .collect()
 }
 
+/// Claims event `id` of handler "h" for a minute under `token`: how many
+/// events the claim took.
+async fn claim_one(store: &PgStore, id: EventId, token: LeaseToken) -> usize {
+    store
+        .claim(
+            &[id],
+            &handlers(&["h"]),
+            &["t".into()],
+            token,
+            Duration::from_secs(60),
+        )
+        .await
+        .expect("claim")
+        .len()
+}
+
 /// Migration 11: a retire TRUNCATEs a leaf that held rows (here one event,
 /// run and deleted: no live row, a dead one), and leaves a leaf nothing was
 /// stored in alone, only marking it empty; the ring goes on turning and
@@ -580,17 +596,7 @@ async fn a_retire_truncates_only_a_leaf_that_held_rows() {
     let e = event("h", Duration::ZERO);
     store.emit(std::slice::from_ref(&e)).await.expect("emit");
     let token = LeaseToken::new();
-    let got = store
-        .claim(
-            &[e.id],
-            &handlers(&["h"]),
-            &["t".into()],
-            token,
-            Duration::from_secs(60),
-        )
-        .await
-        .expect("claim");
-    assert_eq!(got.len(), 1, "the event claimed");
+    assert_eq!(claim_one(&store, e.id, token).await, 1, "the event claimed");
     let held = store
         .settle(&[Settle {
             id: e.id,
@@ -628,15 +634,9 @@ async fn a_retire_truncates_only_a_leaf_that_held_rows() {
         .emit(std::slice::from_ref(&next))
         .await
         .expect("emit after the turns");
-    let got = store
-        .claim(
-            &[next.id],
-            &handlers(&["h"]),
-            &["t".into()],
-            LeaseToken::new(),
-            Duration::from_secs(60),
-        )
-        .await
-        .expect("claim after the turns");
-    assert_eq!(got.len(), 1, "an event stored after the turns is claimed");
+    assert_eq!(
+        claim_one(&store, next.id, LeaseToken::new()).await,
+        1,
+        "an event stored after the turns is claimed"
+    );
 }
