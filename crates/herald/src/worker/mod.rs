@@ -7,8 +7,8 @@
 //!   (`admission.rs`);
 //! - one task per claimed event waits for a handler slot and runs its
 //!   handler (`run.rs`);
-//! - `settle` group-commits the ends of runs and answers their
-//!   notifications (`settle.rs`); a message of several events is answered
+//! - `settle` group-commits the ends of runs, up to two calls in flight,
+//!   and answers their notifications (`settle.rs`); a message of several events is answered
 //!   once each of its events has its reply (`message.rs`);
 //! - `heartbeat` renews every lease in one call every `lease / 3` and
 //!   cancels runs whose lease was lost (`heartbeat.rs`);

@@ -37,16 +37,45 @@ impl Ended {
 /// Most runs settled in one store call.
 const MAX_BATCH: usize = 1024;
 
+/// Most settle calls in flight at once.
+const IN_FLIGHT: usize = 2;
+
 /// Settles ended runs as they come, batching whatever has queued up while
-/// the previous batch was written. Returns when every sender is gone.
+/// the previous batch was written. Returns when every sender is gone and
+/// every batch is settled.
+///
+/// A settle call waits for its commit (a flush) and for its rows, about
+/// twice its statement's own time, and while it waits the claims of the
+/// runs it holds are not free: with one call at a time, the settle loop
+/// was the drain's critical path (busy 98 % of a drain, `docs/benchmarks.md`).
+/// A second call starts only with a full batch, so that calls stay large
+/// (smaller ones cost PostgreSQL more per run); runs that do not fill one
+/// wait for the call in flight.
 pub(super) async fn settle_loop(
     shared: Arc<WorkerState>,
     mut ended: mpsc::UnboundedReceiver<Ended>,
 ) {
+    let mut calls = tokio::task::JoinSet::new();
     let mut batch = Vec::with_capacity(MAX_BATCH);
-    while ended.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        settle_batch(&shared, std::mem::take(&mut batch)).await;
+    loop {
+        if calls.len() >= IN_FLIGHT {
+            calls.join_next().await;
+        }
+        if ended.recv_many(&mut batch, MAX_BATCH).await == 0 {
+            break;
+        }
+        while !calls.is_empty() && batch.len() < MAX_BATCH {
+            let room = MAX_BATCH - batch.len();
+            tokio::select! {
+                _ = calls.join_next() => break,
+                n = ended.recv_many(&mut batch, room) => if n == 0 { break },
+            }
+        }
+        let full = std::mem::replace(&mut batch, Vec::with_capacity(MAX_BATCH));
+        let shared = shared.clone();
+        calls.spawn(async move { settle_batch(&shared, full).await });
     }
+    while calls.join_next().await.is_some() {}
 }
 
 /// One line per failed attempt the store accepted, at the default level: a

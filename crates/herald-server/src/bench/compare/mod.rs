@@ -103,6 +103,14 @@ fn pg_cpu_per_1k(r: &Row, d: &Mark) -> Option<f64> {
     r.per_1k(d.pg_cpu_ms)
 }
 
+/// How many cores the timed phase kept busy, everything counted
+/// (PostgreSQL, the system's own process, the broker): its CPU over its
+/// wall time. On a machine of two cores, a drain that keeps 1.5 busy
+/// leaves a quarter of the machine unused, whatever its CPU per event.
+fn cores_busy(_: &Row, d: &Mark) -> Option<f64> {
+    (d.wall_ms > 0.0).then(|| (d.pg_cpu_ms + d.peer_cpu_ms + d.broker_cpu_ms) / d.wall_ms)
+}
+
 /// The runs of one cell of the table: a system's case (at one rate, for
 /// latency), run once or `REPEAT` times (`SYSTEM.CASE`, `SYSTEM.CASE.run2`…).
 struct Cell<'a> {
@@ -183,14 +191,14 @@ fn cells(rows: &[Row]) -> Vec<Cell<'_>> {
 /// median and range of its runs.
 fn table(cells: &[Cell], md: &mut String) {
     md.push_str(
-        "| system | case | events/s | p50 / p99 / max ms | PG CPU ms per 1k | statements per event | system CPU ms per 1k | broker CPU ms per 1k | idle queries/s |\n\
-         |---|---|---|---|---|---|---|---|---|\n",
+        "| system | case | events/s | p50 / p99 / max ms | PG CPU ms per 1k | statements per event | system CPU ms per 1k | broker CPU ms per 1k | cores busy | idle queries/s |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
     );
     for c in cells {
         let done = c.measured();
         let Some(&(first, d)) = done.first() else {
             md.push_str(&format!(
-                "| {} | {} | failed (see runs/) | | | | | | |\n",
+                "| {} | {} | failed (see runs/) | | | | | | | |\n",
                 c.system(),
                 c.case()
             ));
@@ -251,8 +259,13 @@ fn table(cells: &[Cell], md: &mut String) {
         } else {
             "–".into()
         };
+        let busy = if scenario == "drain" {
+            c.figure(cores_busy, 2)
+        } else {
+            "–".into()
+        };
         md.push_str(&format!(
-            "| {} | {case} | {rate} | {latency} | {pg_cpu} | {statements} | {} | {broker} | {idle} |\n",
+            "| {} | {case} | {rate} | {latency} | {pg_cpu} | {statements} | {} | {broker} | {busy} | {idle} |\n",
             c.system(),
             c.figure(|r, d| r.per_1k(d.peer_cpu_ms), 1),
         ));
@@ -637,6 +650,8 @@ mod tests {
             md.contains("| skip-locked | clean | 1000 | – | 100.0 | 2.00 | 50.0 |"),
             "{md}"
         );
+        // 200 ms of PostgreSQL and 100 of its own over 2 s of wall time.
+        assert!(md.contains("| 50.0 | – | 0.15 | – |\n"), "{md}");
         assert!(dir.path().join("drain.svg").exists());
     }
 
