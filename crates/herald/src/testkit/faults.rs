@@ -1,7 +1,9 @@
-//! Stores that fail on purpose, around a real one: for scenarios of what
-//! the engine and the client do when a store call fails.
+//! A store that fails or slows down on purpose, around a real one: for
+//! scenarios of what the engine and the client do when a store call fails
+//! or takes long.
 
 use crate::schedule::{DueSchedules, Schedule, ScheduleFiring};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,24 +15,73 @@ use crate::store::{
     SubscriptionSync, SweepPage, SweepPass,
 };
 
-/// A store that refuses (with [`StoreError::Backend`], nothing written)
-/// every emit that holds an event of one tenant, and passes everything
-/// else to the store inside.
-pub struct RefusingEmits {
+/// A store around a real one that fails or slows down on purpose, and
+/// passes everything else to the store inside: it refuses (with
+/// [`StoreError::Backend`], nothing written) every emit that holds an
+/// event of one tenant, and makes every settle call wait before the
+/// store's, counting the calls in flight.
+pub struct Faulty {
     /// The real store.
     pub inner: Arc<dyn Store>,
-    /// The tenant whose events are refused.
-    pub tenant: String,
+    /// The tenant whose events are refused, if any.
+    pub refused_tenant: Option<String>,
+    /// How long each settle call waits before the store's.
+    pub settle_delay: Duration,
+    /// The settle calls seen.
+    pub settles: Arc<SettleCalls>,
+}
+
+/// What a [`Faulty`] store saw of the settle calls.
+#[derive(Debug, Default)]
+pub struct SettleCalls {
+    in_flight: AtomicUsize,
+    /// The most calls in flight at once.
+    pub most_in_flight: AtomicUsize,
+    /// The most runs in one call.
+    pub largest: AtomicUsize,
+}
+
+impl SettleCalls {
+    /// The calls in flight now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+}
+
+impl Faulty {
+    /// `inner`, with no fault yet.
+    pub fn around(inner: Arc<dyn Store>) -> Self {
+        Faulty {
+            inner,
+            refused_tenant: None,
+            settle_delay: Duration::ZERO,
+            settles: Arc::default(),
+        }
+    }
+
+    /// Refuses every emit that holds an event of `tenant`.
+    pub fn refusing_emits_of(mut self, tenant: &str) -> Self {
+        self.refused_tenant = Some(tenant.to_string());
+        self
+    }
+
+    /// Makes every settle call wait `delay` first.
+    pub fn slow_settles(mut self, delay: Duration) -> Self {
+        self.settle_delay = delay;
+        self
+    }
 }
 
 #[async_trait::async_trait]
-impl Store for RefusingEmits {
+impl Store for Faulty {
     async fn emit(&self, events: &[NewEvent]) -> StoreResult<Vec<Emitted>> {
-        if events.iter().any(|e| e.tenant == self.tenant) {
-            return Err(StoreError::backend(
-                "emit",
-                format!("the test store refuses events of tenant {:?}", self.tenant),
-            ));
+        if let Some(tenant) = &self.refused_tenant {
+            if events.iter().any(|e| &e.tenant == tenant) {
+                return Err(StoreError::backend(
+                    "emit",
+                    format!("the test store refuses events of tenant {tenant:?}"),
+                ));
+            }
         }
         self.inner.emit(events).await
     }
@@ -48,7 +99,14 @@ impl Store for RefusingEmits {
         self.inner.inspect(ids).await
     }
     async fn settle(&self, batch: &[Settle]) -> StoreResult<Vec<bool>> {
-        self.inner.settle(batch).await
+        let c = &self.settles;
+        let now = c.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        c.most_in_flight.fetch_max(now, Ordering::SeqCst);
+        c.largest.fetch_max(batch.len(), Ordering::SeqCst);
+        tokio::time::sleep(self.settle_delay).await;
+        let held = self.inner.settle(batch).await;
+        c.in_flight.fetch_sub(1, Ordering::SeqCst);
+        held
     }
     async fn renew(&self, leases: &[LeaseRef], lease: Duration) -> StoreResult<Vec<bool>> {
         self.inner.renew(leases, lease).await

@@ -194,6 +194,7 @@ macro_rules! engine_suite {
             one_event_succeeds,
             three_in_sequence,
             three_at_once,
+            settle_calls_overlap_two_at_most,
             expired_lease_is_claimed_and_run,
             live_lease_is_not_run_and_kept,
             block_then_unblock,

@@ -103,12 +103,15 @@ fn pg_cpu_per_1k(r: &Row, d: &Mark) -> Option<f64> {
     r.per_1k(d.pg_cpu_ms)
 }
 
-/// How many cores the timed phase kept busy, everything counted
-/// (PostgreSQL, the system's own process, the broker): its CPU over its
-/// wall time. On a machine of two cores, a drain that keeps 1.5 busy
-/// leaves a quarter of the machine unused, whatever its CPU per event.
-fn cores_busy(_: &Row, d: &Mark) -> Option<f64> {
-    (d.wall_ms > 0.0).then(|| (d.pg_cpu_ms + d.peer_cpu_ms + d.broker_cpu_ms) / d.wall_ms)
+/// How many cores a drain kept busy, everything counted (PostgreSQL, the
+/// system's own process, the broker): their CPU over the drain's own
+/// seconds as the system timed them (the hook's readings take a few
+/// hundred ms of wall time of their own, a large share of a short drain).
+/// On a machine of two cores, a drain that keeps 1.5 busy leaves a
+/// quarter of the machine unused, whatever its CPU per event.
+fn cores_busy(r: &Row, d: &Mark) -> Option<f64> {
+    let seconds = r.result["seconds"].as_f64().filter(|s| *s > 0.0)?;
+    Some((d.pg_cpu_ms + d.peer_cpu_ms + d.broker_cpu_ms) / (seconds * 1000.0))
 }
 
 /// The runs of one cell of the table: a system's case (at one rate, for
@@ -636,7 +639,7 @@ mod tests {
         let run = write_run(
             dir.path(),
             "skip-locked.clean",
-            "log line\n{\"system\":\"skip-locked\",\"version\":\"1\",\"scenario\":\"drain\",\"events\":2000,\"events_per_s\":1000,\"knobs\":{\"workers\":4}}\n",
+            "log line\n{\"system\":\"skip-locked\",\"version\":\"1\",\"scenario\":\"drain\",\"events\":2000,\"seconds\":1.5,\"events_per_s\":1000,\"knobs\":{\"workers\":4}}\n",
             "drain-start 1000 50 7 20 0\ndrain-end 3000 250 4007 120 0\n",
         );
         let row = read_run(&run).unwrap();
@@ -650,8 +653,9 @@ mod tests {
             md.contains("| skip-locked | clean | 1000 | – | 100.0 | 2.00 | 50.0 |"),
             "{md}"
         );
-        // 200 ms of PostgreSQL and 100 of its own over 2 s of wall time.
-        assert!(md.contains("| 50.0 | – | 0.15 | – |\n"), "{md}");
+        // 200 ms of PostgreSQL and 100 of its own over a drain of 1.5 s
+        // (the hook's readings 2 s apart).
+        assert!(md.contains("| 50.0 | – | 0.20 | – |\n"), "{md}");
         assert!(dir.path().join("drain.svg").exists());
     }
 

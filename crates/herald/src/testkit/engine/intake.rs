@@ -219,10 +219,9 @@ pub async fn concurrent_emits_of_one_key_store_one_event(store: Arc<dyn Store>) 
 /// A grouped write that the store refuses because of one emit's events
 /// fails that emit only: the others of its group are stored and run.
 pub async fn a_refused_emit_fails_only_itself_in_a_group(store: Arc<dyn Store>) {
-    let refusing: Arc<dyn Store> = Arc::new(crate::testkit::faults::RefusingEmits {
-        inner: store.clone(),
-        tenant: "refused".into(),
-    });
+    let refusing: Arc<dyn Store> = Arc::new(
+        crate::testkit::faults::Faulty::around(store.clone()).refusing_emits_of("refused"),
+    );
     let rig = Rig::new(store).await;
     // One write at a time, so that concurrent emits surely share writes.
     let client = crate::Client::new(refusing, rig.queue.clone()).group_commit(1);

@@ -1,11 +1,16 @@
 //! Engine scenarios for plain runs: one event, several in sequence or at once, a delayed one.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Rig, H, SOON, T};
 use crate::client::{EmitOptions, EmitRequest};
+use crate::handler::Context;
 use crate::store::Store;
+use crate::testkit::eventually;
+use crate::testkit::faults::Faulty;
+use crate::worker::Worker;
 
 /// One event succeeds: it runs once and is deleted.
 pub async fn one_event_succeeds(store: Arc<dyn Store>) {
@@ -66,4 +71,57 @@ pub async fn delayed_event_waits(store: Arc<dyn Store>) {
     rig.runs_once(id).await;
     assert!(start.elapsed() >= Duration::from_millis(800));
     w.shutdown(SOON).await;
+}
+
+/// Settle calls overlap, two at most, each of at most a full batch: while
+/// a slow settle call is in flight, the runs that end meanwhile fill a
+/// second one, and past that they wait. Every event runs once and is
+/// gone, and shutdown returns only once every call has ended.
+pub async fn settle_calls_overlap_two_at_most(store: Arc<dyn Store>) {
+    const EVENTS: usize = 4000;
+    let rig = Rig::new(store.clone()).await;
+    let slow = Arc::new(Faulty::around(store).slow_settles(Duration::from_millis(300)));
+    let settles = slow.settles.clone();
+    let ledger = rig.ledger.clone();
+    let w = Worker::builder(slow, rig.queue.clone())
+        .config(super::config())
+        .configure(|c| {
+            c.concurrency = 512;
+            c.claim_ahead = Some(4096);
+            c.batch = 512;
+        })
+        .handler(H, move |_: serde_json::Value, cx: Context| {
+            let ledger = ledger.clone();
+            async move { ledger.record(cx.event_id, cx.attempt) }
+        })
+        .start();
+    for _ in 0..EVENTS / 1000 {
+        let batch = (0..1000)
+            .map(|_| EmitRequest {
+                tenant: T.into(),
+                handler: H.into(),
+                payload: "{}".into(),
+                options: EmitOptions::default(),
+            })
+            .collect();
+        rig.client.emit_batch(batch).await.expect("emit");
+    }
+    let ledger = rig.ledger.clone();
+    eventually("every event runs", SOON, || {
+        let n = ledger.distinct();
+        async move { n == EVENTS }
+    })
+    .await;
+    w.shutdown(SOON).await;
+    assert_eq!(
+        settles.in_flight(),
+        0,
+        "shutdown returned with a settle call in flight"
+    );
+    assert_eq!(rig.stored().await, 0, "every run was settled");
+    assert_eq!(rig.ledger.total(), EVENTS, "an event ran twice");
+    let most = settles.most_in_flight.load(Ordering::SeqCst);
+    assert_eq!(most, 2, "settle calls in flight at once: {most}");
+    let largest = settles.largest.load(Ordering::SeqCst);
+    assert!(largest <= 1024, "a settle call of {largest} runs");
 }
