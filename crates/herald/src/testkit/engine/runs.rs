@@ -38,18 +38,22 @@ pub async fn three_in_sequence(store: Arc<dyn Store>) {
     w.shutdown(SOON).await;
 }
 
-/// Three events emitted at once.
-pub async fn three_at_once(store: Arc<dyn Store>) {
-    let rig = Rig::new(store).await;
-    let batch = (0..3)
+/// `n` requests of an event for the `record` handler, due now.
+fn requests(n: usize) -> Vec<EmitRequest> {
+    (0..n)
         .map(|_| EmitRequest {
             tenant: T.into(),
             handler: H.into(),
             payload: "{}".into(),
             options: EmitOptions::default(),
         })
-        .collect();
-    let ids = rig.client.emit_batch(batch).await.expect("emit");
+        .collect()
+}
+
+/// Three events emitted at once.
+pub async fn three_at_once(store: Arc<dyn Store>) {
+    let rig = Rig::new(store).await;
+    let ids = rig.client.emit_batch(requests(3)).await.expect("emit");
     assert_eq!(rig.stored().await, 3);
     let w = rig.worker();
     for e in &ids {
@@ -80,7 +84,7 @@ pub async fn delayed_event_waits(store: Arc<dyn Store>) {
 pub async fn settle_calls_overlap_two_at_most(store: Arc<dyn Store>) {
     const EVENTS: usize = 4000;
     let rig = Rig::new(store.clone()).await;
-    let slow = Arc::new(Faulty::around(store).slow_settles(Duration::from_millis(300)));
+    let slow = Arc::new(Faulty::around(store).slow_settles(Duration::from_millis(500)));
     let settles = slow.settles.clone();
     let ledger = rig.ledger.clone();
     let w = Worker::builder(slow, rig.queue.clone())
@@ -96,15 +100,7 @@ pub async fn settle_calls_overlap_two_at_most(store: Arc<dyn Store>) {
         })
         .start();
     for _ in 0..EVENTS / 1000 {
-        let batch = (0..1000)
-            .map(|_| EmitRequest {
-                tenant: T.into(),
-                handler: H.into(),
-                payload: "{}".into(),
-                options: EmitOptions::default(),
-            })
-            .collect();
-        rig.client.emit_batch(batch).await.expect("emit");
+        rig.client.emit_batch(requests(1000)).await.expect("emit");
     }
     let ledger = rig.ledger.clone();
     eventually("every event runs", SOON, || {
