@@ -59,7 +59,7 @@ pub(super) async fn settle_loop(
     let mut batch = Vec::with_capacity(MAX_BATCH);
     loop {
         if calls.len() >= IN_FLIGHT {
-            calls.join_next().await;
+            log_panic(calls.join_next().await);
         }
         if ended.recv_many(&mut batch, MAX_BATCH).await == 0 {
             break;
@@ -67,7 +67,10 @@ pub(super) async fn settle_loop(
         while !calls.is_empty() && batch.len() < MAX_BATCH {
             let room = MAX_BATCH - batch.len();
             tokio::select! {
-                _ = calls.join_next() => break,
+                joined = calls.join_next() => {
+                    log_panic(joined);
+                    break;
+                }
                 n = ended.recv_many(&mut batch, room) => if n == 0 { break },
             }
         }
@@ -75,7 +78,18 @@ pub(super) async fn settle_loop(
         let shared = shared.clone();
         calls.spawn(async move { settle_batch(&shared, full).await });
     }
-    while calls.join_next().await.is_some() {}
+    while let Some(joined) = calls.join_next().await {
+        log_panic(Some(joined));
+    }
+}
+
+/// Says so when a settle call panicked (a bug): its runs' claims were
+/// freed as it unwound, and their notifications go back to the queue
+/// after its deadline, unanswered.
+fn log_panic(joined: Option<Result<(), tokio::task::JoinError>>) {
+    if let Some(Err(e)) = joined {
+        tracing::error!(error = %e, "a settle call panicked; its runs were not answered");
+    }
 }
 
 /// One line per failed attempt the store accepted, at the default level: a
