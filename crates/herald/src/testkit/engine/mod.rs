@@ -162,8 +162,13 @@ impl Rig {
 
     /// A worker whose `record` handler notes each run and succeeds.
     fn builder(&self) -> WorkerBuilder {
+        self.builder_on(self.store.clone())
+    }
+
+    /// [`Rig::builder`] on another store (one around the rig's, say).
+    fn builder_on(&self, store: Arc<dyn Store>) -> WorkerBuilder {
         let ledger = self.ledger.clone();
-        Worker::builder(self.store.clone(), self.queue.clone())
+        Worker::builder(store, self.queue.clone())
             .config(config())
             .handler(H, move |_: serde_json::Value, cx: Context| {
                 let ledger = ledger.clone();

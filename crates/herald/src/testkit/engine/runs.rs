@@ -6,11 +6,9 @@ use std::time::Duration;
 
 use super::{Rig, H, SOON, T};
 use crate::client::{EmitOptions, EmitRequest};
-use crate::handler::Context;
 use crate::store::Store;
 use crate::testkit::eventually;
 use crate::testkit::faults::Faulty;
-use crate::worker::Worker;
 
 /// One event succeeds: it runs once and is deleted.
 pub async fn one_event_succeeds(store: Arc<dyn Store>) {
@@ -86,17 +84,12 @@ pub async fn settle_calls_overlap_two_at_most(store: Arc<dyn Store>) {
     let rig = Rig::new(store.clone()).await;
     let slow = Arc::new(Faulty::around(store).slow_settles(Duration::from_millis(500)));
     let settles = slow.settles.clone();
-    let ledger = rig.ledger.clone();
-    let w = Worker::builder(slow, rig.queue.clone())
-        .config(super::config())
+    let w = rig
+        .builder_on(slow)
         .configure(|c| {
             c.concurrency = 512;
             c.claim_ahead = Some(4096);
             c.batch = 512;
-        })
-        .handler(H, move |_: serde_json::Value, cx: Context| {
-            let ledger = ledger.clone();
-            async move { ledger.record(cx.event_id, cx.attempt) }
         })
         .start();
     for _ in 0..EVENTS / 1000 {
