@@ -5,6 +5,12 @@ use herald_server::{bench, cli, demo, handlers, migrate, serve};
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc rather than glibc's malloc: a worker allocates per run and per
+/// row, and glibc's malloc, free and consolidation took a sixth of its CPU
+/// in a drain (`docs/benchmarks.md`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// herald: a durable event queue. The database stores, the queue schedules.
 #[derive(Parser)]
 #[command(name = "herald", version, about, after_help = cli::EXIT_HELP)]
