@@ -6,8 +6,9 @@ use herald_server::{bench, cli, demo, handlers, migrate, serve};
 use clap::{Parser, Subcommand};
 
 /// mimalloc rather than glibc's malloc: a worker allocates per run and per
-/// row, and glibc's malloc, free and consolidation took a sixth of its CPU
-/// in a drain (`docs/benchmarks.md`).
+/// row, and glibc's malloc, free and consolidation were 13–18 % of its
+/// samples in a drain, mimalloc's about 7 % (`docs/benchmarks.md`,
+/// sixteenth sitting).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
