@@ -18,8 +18,8 @@ use crate::store::{
 /// A store around a real one that fails or slows down on purpose, and
 /// passes everything else to the store inside: it refuses (with
 /// [`StoreError::Backend`], nothing written) every emit that holds an
-/// event of one tenant, and makes every settle call wait before the
-/// store's, counting the calls in flight.
+/// event of one tenant, makes every settle call wait before the store's,
+/// counting the calls in flight, and can make settle calls panic.
 pub struct Faulty {
     /// The real store.
     pub inner: Arc<dyn Store>,
@@ -29,6 +29,8 @@ pub struct Faulty {
     pub settle_delay: Duration,
     /// The settle calls seen.
     pub settles: Arc<SettleCalls>,
+    /// How many of the next settle calls panic (before the store's).
+    pub settle_panics: AtomicUsize,
 }
 
 /// What a [`Faulty`] store saw of the settle calls.
@@ -56,12 +58,20 @@ impl Faulty {
             refused_tenant: None,
             settle_delay: Duration::ZERO,
             settles: Arc::default(),
+            settle_panics: AtomicUsize::new(0),
         }
     }
 
     /// Refuses every emit that holds an event of `tenant`.
     pub fn refusing_emits_of(mut self, tenant: &str) -> Self {
         self.refused_tenant = Some(tenant.to_string());
+        self
+    }
+
+    /// Makes the next `n` settle calls panic, writing nothing (a bug in
+    /// the call, as the worker sees it).
+    pub fn panicking_settles(self, n: usize) -> Self {
+        self.settle_panics.store(n, Ordering::SeqCst);
         self
     }
 
@@ -99,6 +109,13 @@ impl Store for Faulty {
         self.inner.inspect(ids).await
     }
     async fn settle(&self, batch: &[Settle]) -> StoreResult<Vec<bool>> {
+        let panics = &self.settle_panics;
+        if panics
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            panic!("the test store panics in this settle call");
+        }
         let c = &self.settles;
         let now = c.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         c.most_in_flight.fetch_max(now, Ordering::SeqCst);

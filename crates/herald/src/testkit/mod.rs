@@ -195,6 +195,7 @@ macro_rules! engine_suite {
             three_in_sequence,
             three_at_once,
             settle_calls_overlap_two_at_most,
+            a_settle_call_that_panics_loses_no_event,
             expired_lease_is_claimed_and_run,
             live_lease_is_not_run_and_kept,
             block_then_unblock,

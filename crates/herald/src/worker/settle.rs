@@ -1,7 +1,7 @@
 //! Ending runs: one store call per batch of finished runs, then the
 //! answers of their messages to the queue (`message.rs`).
 
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
@@ -10,7 +10,7 @@ use super::message::{Answers, Message};
 use super::telemetry::{Instruments, RunEvent};
 use super::WorkerState;
 use crate::decision::{self, Answer, Claimed, Plan, RunEnd, RunSettled, Tally, Write};
-use crate::store::{Finish, Settle};
+use crate::store::{Finish, LeaseRef, Settle};
 
 /// A run that ended and waits to be settled.
 pub(crate) struct Ended {
@@ -83,9 +83,10 @@ pub(super) async fn settle_loop(
     }
 }
 
-/// Says so when a settle call panicked (a bug): its runs' claims were
-/// freed as it unwound, and their notifications go back to the queue
-/// after its deadline, unanswered.
+/// Says so when a settle call panicked (a bug): as it unwound, its runs
+/// left the heartbeat ([`Registered`]) and their claims were freed; their
+/// notifications, unanswered, come back after the queue's deadline, and
+/// the events run again once their leases have lapsed.
 fn log_panic(joined: Option<Result<(), tokio::task::JoinError>>) {
     if let Some(Err(e)) = joined {
         tracing::error!(error = %e, "a settle call panicked; its runs were not answered");
@@ -117,7 +118,34 @@ fn log_failure(e: &Ended, write: &Write) {
     }
 }
 
+/// A batch's runs as the heartbeat knows them (`WorkerState::runs`):
+/// removed when dropped, so also if the settle call panics. A run left
+/// there would have its lease renewed for as long as the worker lives,
+/// and its event would never run again.
+struct Registered<'a> {
+    shared: &'a WorkerState,
+    leases: Vec<LeaseRef>,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        // A poisoned lock still holds the map: never panic while unwinding.
+        let mut runs = self
+            .shared
+            .runs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for lease in &self.leases {
+            runs.remove(lease);
+        }
+    }
+}
+
 async fn settle_batch(shared: &WorkerState, batch: Vec<Ended>) {
+    let registered = Registered {
+        shared,
+        leases: batch.iter().map(|e| e.claimed.lease).collect(),
+    };
     let policy = shared.config.policy;
     let mut answers = Answers::default();
     let mut writes = Vec::with_capacity(batch.len());
@@ -149,12 +177,7 @@ async fn settle_batch(shared: &WorkerState, batch: Vec<Ended>) {
             e.answer(shared, &mut answers, answer);
         }
     }
-    {
-        let mut runs = shared.runs.lock().expect("runs lock");
-        for e in &batch {
-            runs.remove(&e.claimed.lease);
-        }
-    }
+    drop(registered);
     // Settled: their claims are free for the next events.
     for e in batch {
         drop(e.claim);

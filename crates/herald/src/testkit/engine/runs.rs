@@ -9,6 +9,7 @@ use crate::client::{EmitOptions, EmitRequest};
 use crate::store::Store;
 use crate::testkit::eventually;
 use crate::testkit::faults::Faulty;
+use crate::worker::MIN_LEASE;
 
 /// One event succeeds: it runs once and is deleted.
 pub async fn one_event_succeeds(store: Arc<dyn Store>) {
@@ -113,4 +114,30 @@ pub async fn settle_calls_overlap_two_at_most(store: Arc<dyn Store>) {
     assert_eq!(most, 2, "settle calls in flight at once: {most}");
     let largest = settles.largest.load(Ordering::SeqCst);
     assert!(largest <= 1024, "a settle call of {largest} runs");
+}
+
+/// A settle call that panics (a bug) loses no event: its runs leave the
+/// heartbeat as it unwinds, so their leases lapse, and the notification
+/// it never answered comes back and runs the event again.
+pub async fn a_settle_call_that_panics_loses_no_event(store: Arc<dyn Store>) {
+    let rig = Rig::with_ack_wait(store.clone(), Duration::from_secs(1)).await;
+    let faulty = Arc::new(Faulty::around(store).panicking_settles(1));
+    let w = rig
+        .builder_on(faulty)
+        .configure(|c| c.lease = MIN_LEASE)
+        .start();
+    let id = rig.emit().await;
+    let ledger = rig.ledger.clone();
+    eventually("the event ran again after the panic", SOON, || {
+        let n = ledger.total();
+        async move { n == 2 }
+    })
+    .await;
+    eventually("the event settled", SOON, || {
+        let rig = &rig;
+        async move { rig.stored().await == 0 }
+    })
+    .await;
+    assert_eq!(rig.ledger.attempts_of(id), vec![1, 2]);
+    w.shutdown(SOON).await;
 }
