@@ -92,7 +92,9 @@ case $phase in
 esac
 # The statements of the timed part alone, per run: forgotten as it starts
 # (before its running total is read, so the totals stay consistent), the
-# costliest written to statements.txt beside the marks as it ends.
+# costliest written to statements.txt beside the marks as it ends, with
+# the shared buffers each found (hit) and had to read in (read): a backlog
+# larger than shared_buffers shows as reads.
 dbid="(SELECT oid FROM pg_database WHERE datname = '$DB')"
 case $phase in
   drain-start|run-start|idle-start|rescue-start)
@@ -100,6 +102,7 @@ case $phase in
   drain-end|run-end|idle-end|rescue-end)
     psql -qX "$ADMIN_URL" -P pager=off -c "SELECT calls, rows, round(total_exec_time::numeric, 1) AS total_ms,
         round(mean_exec_time::numeric, 3) AS mean_ms, pg_size_pretty(wal_bytes) AS wal,
+        shared_blks_hit AS hit, shared_blks_read AS read,
         left(regexp_replace(query, '\s+', ' ', 'g'), 140) AS query
       FROM pg_stat_statements WHERE dbid = $dbid ORDER BY total_exec_time DESC LIMIT 15" \
       >"$(dirname "$MARKS")/statements.txt" ;;
