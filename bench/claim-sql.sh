@@ -12,16 +12,13 @@
 # function (pg_get_functiondef) with one edit; the variants alternate,
 # ROUNDS times, and the medians are printed last:
 #
-#   schema    claim and settle_delete as migrated (since schema 12 they
-#             read events_cold only when the ring leaves did not hold
-#             every id, and since schema 10 they skip the ring leaves
-#             marked empty: here events_1 is probed, events_cold and
-#             events_2 and events_3 are not)
+#   schema    claim and settle_delete as migrated (since schema 10 they
+#             skip the ring leaves marked empty: here events_1 and
+#             events_cold are probed, events_2 and events_3 are not)
 #   leaf      both probe only the leaf that holds the events (`e.leaf = 1`):
 #             what knowing each event's leaf would save (one partition's
 #             index probed per id)
-#   cold      events_cold probed for every id, as schemas 10 and 11 did
-#   all       every leaf probed, empty or not, as schema 9 did
+#   all       both probe every leaf, empty or not, as before schema 10
 #   no-rules  the claim without its rule check
 #   rule-each the claim with its rule check probed per row, as before
 #             schema 8
@@ -33,14 +30,8 @@
 #   harness   a claim that takes nothing: the cost of building the id
 #             arrays, to subtract from the others
 #
-# COLD=N first stores N events in events_cold that no claim takes (the
-# paused backlog of bench/compare.sh: the handler paused for other
-# tenants), kept across rounds: what a probe of events_cold costs when it
-# holds a backlog (the rounds then TRUNCATE only the filling leaf).
-#
 #   bench/claim-sql.sh
 #   ROUNDS=3 BUILD=0 bench/claim-sql.sh
-#   COLD=1000000 ROUNDS=3 BUILD=0 bench/claim-sql.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -74,13 +65,7 @@ variant schema claim
 variant schema settle_delete
 variant leaf claim 's/WHERE e\.id = ANY(\$3)/WHERE e.id = ANY($3) AND e.leaf = 1/'
 variant leaf settle_delete 's/WHERE e\.id = ANY(\$1)/WHERE e.id = ANY($1) AND e.leaf = 1/'
-# cold: the gate on the hot part's row count dropped; all: the ring
-# leaves' condition dropped from the hot part (which then reads every
-# leaf) and the cold part never run.
-ungate='s/ AND (SELECT count(\*) FROM hot) < cardinality(\$[13])//'
-unprune='/AND (e\.leaf = (SELECT l\.leaf FROM ring_empty/,/l\.leaf = 3 AND NOT l\.empty))/d; s/AND (SELECT count(\*) FROM hot) < cardinality(\$[13])/AND false/'
-variant cold claim "$ungate"
-variant cold settle_delete "$ungate"
+unprune='/AND (e\.leaf = 0$/,/l\.leaf = 3 AND NOT l\.empty))/d'
 variant all claim "$unprune"
 variant all settle_delete "$unprune"
 variant no_rules claim '/AND ((SELECT NOT EXISTS (SELECT 1 FROM rules/,/OFFSET 0))/d'
@@ -97,7 +82,7 @@ SQL
 sql -c "INSERT INTO herald.rules (tenant, handler, kind, created_at)
         SELECT 'other-' || g, 'noop', 'pause', 0 FROM generate_series(1, 1000) AS g"
 sql -c "SELECT proname FROM pg_proc WHERE proname ~ '^(claim|settle_delete)_' ORDER BY 1" >"$work/made"
-for f in claim_schema claim_leaf claim_cold claim_all claim_no_rules claim_rule_each claim_by_handler claim_read claim_harness settle_delete_schema settle_delete_leaf settle_delete_cold settle_delete_all; do
+for f in claim_schema claim_leaf claim_all claim_no_rules claim_rule_each claim_by_handler claim_read claim_harness settle_delete_schema settle_delete_leaf settle_delete_all; do
   grep -qx "$f" "$work/made" || { echo "the variant $f was not made: has the function's text changed?" >&2; exit 1; }
 done
 
@@ -109,15 +94,8 @@ for b in $(seq 0 199); do
   echo "SELECT count(*) FROM herald.CLAIM($token, 30000, $(ids $((b * 500 + 1))), ARRAY['noop'], ARRAY['tenant']);" >>"$work/claims.sql"
   echo "SELECT count(*) FROM herald.SETTLE($(ids $((b * 500 + 1))), array_fill($token, ARRAY[500]), (SELECT array_agg(g) FROM generate_series(1, 500) AS g));" >>"$work/settles.sql"
 done
-COLD=${COLD:-0}
-if [ "$COLD" -gt 0 ]; then
-  sql -c "INSERT INTO herald.events (id, run_at, notified_at, created_at, updated_at, max_attempts,
-                                     tenant, handler, payload, leaf)
-          SELECT gen_random_uuid(), 0, 0, 0, 0, 3, 'other-' || (g % 1000 + 1), 'noop', '{\"n\":1}', 0
-          FROM generate_series(1, $COLD) AS g"
-fi
 cat >"$work/load.sql" <<'SQL'
-TRUNCATE herald.events_1, herald.events_2, herald.events_3;
+TRUNCATE herald.events;
 SELECT count(*) FROM herald.emit(
   (SELECT array_agg(lpad(to_hex(g), 32, '0')::uuid ORDER BY g) FROM generate_series(1, 100000) AS g),
   array_fill('tenant'::text, ARRAY[100000]), array_fill('noop'::text, ARRAY[100000]),
@@ -135,12 +113,12 @@ ms() {
   echo "$(((t1 - t0) / 1000000)) $(awk '{n += $1} END {print n + 0}' "$work/counts")"
 }
 
-echo "load $(cut -d' ' -f1-3 /proc/loadavg); $COLD events in events_cold; 100,000 events, 200 claims and 200 settles of 500, ms"
+echo "load $(cut -d' ' -f1-3 /proc/loadavg); 100,000 events, 200 claims and 200 settles of 500, ms"
 echo "round variant claim settle"
 for round in $(seq 1 "$ROUNDS"); do
-  for v in schema leaf cold all no_rules rule_each by_handler read harness; do
+  for v in schema leaf all no_rules rule_each by_handler read harness; do
     settle=settle_delete_schema
-    case $v in leaf | cold | all) settle=settle_delete_$v ;; esac
+    case $v in leaf | all) settle=settle_delete_$v ;; esac
     sql -f "$work/load.sql" >/dev/null
     sed "s/herald\.CLAIM(/herald.claim_$v(/" "$work/claims.sql" >"$work/c.sql"
     sed "s/herald\.SETTLE(/herald.$settle(/" "$work/settles.sql" >"$work/s.sql"
@@ -157,7 +135,7 @@ for round in $(seq 1 "$ROUNDS"); do
   done
 done
 echo "medians: variant claim settle"
-for v in schema leaf cold all no_rules rule_each by_handler read harness; do
+for v in schema leaf all no_rules rule_each by_handler read harness; do
   awk -v v="$v" '$2 == v {print $3, $4}' "$work/times" | python3 -c "
 import statistics, sys
 rows = [list(map(int, l.split())) for l in sys.stdin]

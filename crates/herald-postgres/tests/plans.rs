@@ -380,14 +380,9 @@ async fn hot_statements_stay_bounded_by_the_batch_under_any_statistics() {
 
 /// `Actual Loops` of every node of an `EXPLAIN (ANALYZE, FORMAT JSON)` plan
 /// that scans `index`, summed, leaving out InitPlans (run once per
-/// statement) but not the parts of a WITH (which EXPLAIN lists as InitPlans
-/// named `CTE …`: schema 12's claim and settles are two).
+/// statement).
 fn loops_on(node: &Value, index: &str) -> u64 {
-    if node["Parent Relationship"].as_str() == Some("InitPlan")
-        && !node["Subplan Name"]
-            .as_str()
-            .is_some_and(|n| n.starts_with("CTE "))
-    {
+    if node["Parent Relationship"].as_str() == Some("InitPlan") {
         return 0;
     }
     let own = if node["Index Name"].as_str() == Some(index) {
@@ -535,9 +530,7 @@ async fn the_claim_probes_rules_per_row_only_where_its_tenants_hint_cannot_vouch
 
 /// Schema 10: the claim, the settles and the renewal probe no ring leaf
 /// marked empty (run-time pruning leaves its scan unexecuted), and probe a
-/// leaf again once a flip makes it filling. Schema 12: the claim and the
-/// settles probe events_cold only when the ring leaves did not hold every
-/// id of the batch (the renewal, not on the per-event path, always does).
+/// leaf again once a flip makes it filling; events_cold is always probed.
 #[tokio::test]
 async fn the_hot_statements_skip_the_empty_leaves() {
     let Some((store, guard)) = testing::fresh_schema(&testing::test_name()).await else {
@@ -603,8 +596,6 @@ async fn the_hot_statements_skip_the_empty_leaves() {
         .map(|i| loops_on(top, i))
         .collect()
     };
-    // The renewal reads events_cold always; the others only on a miss.
-    let cold = |routine: &testing::Routine| u64::from(routine.name == "renew");
     for (routine, args, rows) in &routines {
         let top = analyze(&mut conn, routine, args).await;
         assert_eq!(
@@ -615,8 +606,8 @@ async fn the_hot_statements_skip_the_empty_leaves() {
         );
         assert_eq!(
             probed(&top),
-            [cold(routine), 1, 0, 0],
-            "{}: the filling leaf probed, the empty ones not, events_cold only by the renewal",
+            [1, 1, 0, 0],
+            "{}: cold and the filling leaf probed, the empty ones not",
             routine.name
         );
     }
@@ -630,28 +621,8 @@ async fn the_hot_statements_skip_the_empty_leaves() {
         let top = analyze(&mut conn, routine, args).await;
         assert_eq!(
             probed(&top),
-            [cold(routine), 1, 1, 0],
+            [1, 1, 1, 0],
             "{} after the flip",
-            routine.name
-        );
-    }
-    // One event of the batch in events_cold (a delayed one come due, or
-    // one a retire moved): the ring leaves miss it, so events_cold is
-    // probed too, and every event is still found.
-    conn.execute(
-        format!(
-            "UPDATE {q}.events SET leaf = 0 WHERE id = (SELECT id FROM {q}.events ORDER BY id LIMIT 1)"
-        )
-        .as_str(),
-    )
-    .await
-    .expect("move one event to events_cold");
-    for (routine, args, rows) in &routines {
-        let top = analyze(&mut conn, routine, args).await;
-        assert_eq!(
-            (top["Actual Rows"].as_u64(), probed(&top)),
-            (Some(*rows), vec![1, 1, 1, 0]),
-            "{} with one event in events_cold: {top:#}",
             routine.name
         );
     }
