@@ -30,8 +30,14 @@
 #   harness   a claim that takes nothing: the cost of building the id
 #             arrays, to subtract from the others
 #
+# COLD=N first stores N events in events_cold that no claim takes (the
+# paused backlog of bench/compare.sh: the handler paused for other
+# tenants), kept across rounds: what the probe of events_cold costs when
+# it holds a backlog (the rounds then TRUNCATE only the ring's leaves).
+#
 #   bench/claim-sql.sh
 #   ROUNDS=3 BUILD=0 bench/claim-sql.sh
+#   COLD=1000000 ROUNDS=3 BUILD=0 bench/claim-sql.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -94,8 +100,15 @@ for b in $(seq 0 199); do
   echo "SELECT count(*) FROM herald.CLAIM($token, 30000, $(ids $((b * 500 + 1))), ARRAY['noop'], ARRAY['tenant']);" >>"$work/claims.sql"
   echo "SELECT count(*) FROM herald.SETTLE($(ids $((b * 500 + 1))), array_fill($token, ARRAY[500]), (SELECT array_agg(g) FROM generate_series(1, 500) AS g));" >>"$work/settles.sql"
 done
+COLD=${COLD:-0}
+if [ "$COLD" -gt 0 ]; then
+  sql -c "INSERT INTO herald.events (id, run_at, notified_at, created_at, updated_at, max_attempts,
+                                     tenant, handler, payload, leaf)
+          SELECT gen_random_uuid(), 0, 0, 0, 0, 3, 'other-' || (g % 1000 + 1), 'noop', '{\"n\":1}', 0
+          FROM generate_series(1, $COLD) AS g"
+fi
 cat >"$work/load.sql" <<'SQL'
-TRUNCATE herald.events;
+TRUNCATE herald.events_1, herald.events_2, herald.events_3;
 SELECT count(*) FROM herald.emit(
   (SELECT array_agg(lpad(to_hex(g), 32, '0')::uuid ORDER BY g) FROM generate_series(1, 100000) AS g),
   array_fill('tenant'::text, ARRAY[100000]), array_fill('noop'::text, ARRAY[100000]),
@@ -113,7 +126,7 @@ ms() {
   echo "$(((t1 - t0) / 1000000)) $(awk '{n += $1} END {print n + 0}' "$work/counts")"
 }
 
-echo "load $(cut -d' ' -f1-3 /proc/loadavg); 100,000 events, 200 claims and 200 settles of 500, ms"
+echo "load $(cut -d' ' -f1-3 /proc/loadavg); $COLD events in events_cold; 100,000 events, 200 claims and 200 settles of 500, ms"
 echo "round variant claim settle"
 for round in $(seq 1 "$ROUNDS"); do
   for v in schema leaf all no_rules rule_each by_handler read harness; do
