@@ -3,12 +3,13 @@
 # bench and by every peer (bench/peers/README.md) at each phase of a run.
 # It appends one line to $MARKS:
 #
-#   PHASE WALL_MS PG_CPU_MS STATEMENTS PEER_CPU_MS BROKER_CPU_MS
+#   PHASE WALL_MS PG_CPU_MS STATEMENTS PEER_CPU_MS BROKER_CPU_MS BUFFERS
 #
 # (PostgreSQL's server CPU by ../shared/tools/pg-cpu, the statements
 # pg_stat_statements has counted in the run's database, the peer's own
 # process CPU, the broker's CPU (nats-server, or the Pub/Sub emulator's
-# processes, as $BROKER says); each a running total, so the report
+# processes, as $BROKER says), the shared buffers the counted statements
+# hit or read in; each a running total, so the report
 # subtracts one phase from another) and does what the run's $CASE asks at
 # that phase:
 #
@@ -108,7 +109,10 @@ case $phase in
       >"$(dirname "$MARKS")/statements.txt" ;;
 esac
 pg_ms=$(( $("$PG_CPU" --now) * 1000 / hz ))
-statements=$(psql -qXtA "$ADMIN_URL" -c "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE dbid = $dbid")
+# The statements and the shared buffers they touched (hit or read in):
+# work that, unlike CPU time, does not move with the machine's speed.
+read -r statements buffers < <(psql -qXtA -F ' ' "$ADMIN_URL" -c "SELECT coalesce(sum(calls), 0),
+    coalesce(sum(shared_blks_hit + shared_blks_read), 0) FROM pg_stat_statements WHERE dbid = $dbid")
 peer_ms=$(( $(ticks_of "$(cat "$PEER_PID_FILE")") * 1000 / hz ))
 broker=0
 case ${BROKER:-none} in
@@ -117,4 +121,4 @@ case ${BROKER:-none} in
   *) pids= ;;
 esac
 for p in $pids; do broker=$(( broker + $(ticks_of "$p") )); done
-echo "$phase $(date +%s%3N) $pg_ms $statements $peer_ms $(( broker * 1000 / hz ))" >>"$MARKS"
+echo "$phase $(date +%s%3N) $pg_ms $statements $peer_ms $(( broker * 1000 / hz )) $buffers" >>"$MARKS"

@@ -35,10 +35,13 @@ pub struct Mark {
     pub peer_cpu_ms: f64,
     /// The nats-server's CPU, ms.
     pub broker_cpu_ms: f64,
+    /// Shared buffers the counted statements hit or read in (0 in marks
+    /// written before the hook counted them).
+    pub buffers: f64,
 }
 
-/// Reads a marks file (`PHASE WALL PG STATEMENTS PEER BROKER` per line);
-/// the last reading of each phase wins.
+/// Reads a marks file (`PHASE WALL PG STATEMENTS PEER BROKER [BUFFERS]`
+/// per line); the last reading of each phase wins.
 pub fn parse_marks(text: &str) -> BTreeMap<String, Mark> {
     let mut marks = BTreeMap::new();
     for line in text.lines() {
@@ -55,6 +58,7 @@ pub fn parse_marks(text: &str) -> BTreeMap<String, Mark> {
                 statements: n(3),
                 peer_cpu_ms: n(4),
                 broker_cpu_ms: n(5),
+                buffers: f.get(6).and_then(|v| v.parse().ok()).unwrap_or(0.0),
             },
         );
     }
@@ -194,14 +198,14 @@ fn cells(rows: &[Row]) -> Vec<Cell<'_>> {
 /// median and range of its runs.
 fn table(cells: &[Cell], md: &mut String) {
     md.push_str(
-        "| system | case | events/s | p50 / p99 / max ms | PG CPU ms per 1k | statements per event | system CPU ms per 1k | broker CPU ms per 1k | cores busy | idle queries/s |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n",
+        "| system | case | events/s | p50 / p99 / max ms | PG CPU ms per 1k | statements per event | PG buffers per event | system CPU ms per 1k | broker CPU ms per 1k | cores busy | idle queries/s |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for c in cells {
         let done = c.measured();
         let Some(&(first, d)) = done.first() else {
             md.push_str(&format!(
-                "| {} | {} | failed (see runs/) | | | | | | | |\n",
+                "| {} | {} | failed (see runs/) | | | | | | | | |\n",
                 c.system(),
                 c.case()
             ));
@@ -237,6 +241,7 @@ fn table(cells: &[Cell], md: &mut String) {
             _ => "–".into(),
         };
         let statements = c.figure(|r, d| (r.events > 0.0).then(|| d.statements / r.events), 2);
+        let buffers = c.figure(buffers_per_event, 1);
         let idle = if scenario == "idle" && d.wall_ms > 0.0 {
             format!(
                 "{:.2} ({:.1} ms PG CPU/s)",
@@ -268,11 +273,19 @@ fn table(cells: &[Cell], md: &mut String) {
             "–".into()
         };
         md.push_str(&format!(
-            "| {} | {case} | {rate} | {latency} | {pg_cpu} | {statements} | {} | {broker} | {busy} | {idle} |\n",
+            "| {} | {case} | {rate} | {latency} | {pg_cpu} | {statements} | {buffers} | {} | {broker} | {busy} | {idle} |\n",
             c.system(),
             c.figure(|r, d| r.per_1k(d.peer_cpu_ms), 1),
         ));
     }
+}
+
+/// Shared buffers the run's statements touched per event: PostgreSQL's
+/// work in a unit the machine's speed does not move (its CPU per event
+/// does, by a third between runs on the shared VMs, docs/benchmarks.md).
+/// Counted from pg_stat_statements, so a mid-drain ANALYZE's are in it.
+fn buffers_per_event(r: &Row, d: &Mark) -> Option<f64> {
+    (r.events > 0.0 && d.buffers > 0.0).then(|| d.buffers / r.events)
 }
 
 /// PostgreSQL's CPU per 1,000 events less a mid-drain ANALYZE's own.
@@ -325,6 +338,7 @@ fn read_run(dir: &Path) -> Option<Row> {
             statements: b.statements - a.statements,
             peer_cpu_ms: b.peer_cpu_ms - a.peer_cpu_ms,
             broker_cpu_ms: b.broker_cpu_ms - a.broker_cpu_ms,
+            buffers: b.buffers - a.buffers,
         }),
         _ => None,
     };
@@ -650,7 +664,7 @@ mod tests {
         run_report(dir.path());
         let md = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
         assert!(
-            md.contains("| skip-locked | clean | 1000 | – | 100.0 | 2.00 | 50.0 |"),
+            md.contains("| skip-locked | clean | 1000 | – | 100.0 | 2.00 | – | 50.0 |"),
             "{md}"
         );
         // 200 ms of PostgreSQL and 100 of its own over a drain of 1.5 s
@@ -750,6 +764,48 @@ mod tests {
     }
 
     #[test]
+    fn buffers_per_event_come_from_the_marks_seventh_field_and_have_their_own_hard_case_table() {
+        let m = parse_marks(
+            "drain-start 0 0 0 0 0 1000\ndrain-end 1000 20 5 0 0 9000\nold 1 2 3 4 5\n",
+        );
+        assert_eq!(
+            (m["drain-start"].buffers, m["drain-end"].buffers),
+            (1000.0, 9000.0)
+        );
+        assert_eq!(
+            m["old"].buffers, 0.0,
+            "marks written before the field read as 0"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let drain = |name: &str, pg_ms: f64, buffers: f64| {
+            write_run(
+                dir.path(),
+                name,
+                "{\"scenario\":\"drain\",\"events\":1000,\"events_per_s\":100}\n",
+                &format!("drain-start 0 0 0 0 0 0\ndrain-end 1000 {pg_ms} 1000 0 0 {buffers}\n"),
+            );
+        };
+        // Clean: 10 ms per 1,000 and 14 buffers an event; paused: 13 ms
+        // (1.30×) but 14.7 buffers (1.05×).
+        drain("herald-nats.clean", 10.0, 14_000.0);
+        drain("herald-nats.paused", 13.0, 14_700.0);
+        run_report(dir.path());
+        let md = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
+        assert!(
+            md.contains("| herald-nats | clean | 100 | – | 10.0 | 1.00 | 14.0 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| herald-nats | 10.0 | – | 1.30× | – | – | – |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| herald-nats | 14.0 | – | 1.05× | – | – | – |"),
+            "{md}"
+        );
+    }
+
+    #[test]
     fn an_emit_run_reads_both_phases_and_gives_both_rates() {
         let dir = tempfile::tempdir().unwrap();
         write_run(
@@ -762,7 +818,7 @@ mod tests {
         let md = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
         assert!(
             md.contains(
-                "| herald-sqlite | emit | 1500 single, 40000 batched | – | 10.0 | 0.00 | 20.0 |"
+                "| herald-sqlite | emit | 1500 single, 40000 batched | – | 10.0 | 0.00 | – | 20.0 |"
             ),
             "{md}"
         );

@@ -1,9 +1,14 @@
 //! The report's reading of issue 14's drain and hard-case targets from the
 //! cells' medians: herald's drain against the best other queue's, and each
 //! system's PostgreSQL CPU per event in a hard case against its own clean
-//! drain's.
+//! drain's, and the same in shared buffers touched.
 
-use super::{events_per_s, pg_cpu_per_1k, pg_cpu_per_1k_without_analyze, Cell};
+use super::{
+    buffers_per_event, events_per_s, pg_cpu_per_1k, pg_cpu_per_1k_without_analyze, Cell, Mark, Row,
+};
+
+/// A figure of one run (see [`Cell::median`]).
+type Figure = fn(&Row, &Mark) -> Option<f64>;
 
 /// The plain `FOR UPDATE SKIP LOCKED` loop: a floor to compare with, not
 /// a queue (no retries, leases, delays or pause), so never "the best
@@ -18,13 +23,8 @@ fn is_herald(system: &str) -> bool {
     system.starts_with("herald-")
 }
 
-/// Appends both readings to `md`, when the cells hold what they need.
+/// Appends the readings to `md`, when the cells hold what they need.
 pub(super) fn targets(cells: &[Cell], md: &mut String) {
-    let cell = |system: &str, case: &str| {
-        cells
-            .iter()
-            .find(|c| c.system() == system && c.case() == case)
-    };
     let clean: Vec<(&str, f64)> = cells
         .iter()
         .filter(|c| c.case() == "clean")
@@ -43,12 +43,54 @@ pub(super) fn targets(cells: &[Cell], md: &mut String) {
             md.push_str(&format!("- {system}: {v:.0} events/s, {:.2}×\n", v / best));
         }
     }
+    let systems: Vec<&str> = clean.iter().map(|(s, _)| *s).collect();
+    let cpu = hard_case_lines(
+        cells,
+        &systems,
+        pg_cpu_per_1k,
+        Some(pg_cpu_per_1k_without_analyze),
+    );
+    if !cpu.is_empty() {
+        md.push_str(
+            "\nPostgreSQL CPU per 1,000 events in each hard case against the system's own \
+             clean drain (medians):\n\n\
+             | system | clean, ms per 1k | delayed | paused | hold-tx | stale | mid-analyze |\n\
+             |---|---|---|---|---|---|---|\n",
+        );
+        md.push_str(&cpu);
+    }
+    let buffers = hard_case_lines(cells, &systems, buffers_per_event, None);
+    if !buffers.is_empty() {
+        md.push_str(
+            "\nThe same in shared buffers the statements touched per event (medians; the \
+             machine's speed does not move these; mid-analyze with the ANALYZE's own):\n\n\
+             | system | clean, per event | delayed | paused | hold-tx | stale | mid-analyze |\n\
+             |---|---|---|---|---|---|---|\n",
+        );
+        md.push_str(&buffers);
+    }
+}
+
+/// One table line per system that has `f` in its clean drain and in a
+/// hard case: the clean median, then each hard case's median as a ratio of
+/// it (mid-analyze also by `without_analyze` when given).
+fn hard_case_lines(
+    cells: &[Cell],
+    systems: &[&str],
+    f: Figure,
+    without_analyze: Option<Figure>,
+) -> String {
+    let cell = |system: &str, case: &str| {
+        cells
+            .iter()
+            .find(|c| c.system() == system && c.case() == case)
+    };
     let mut lines = String::new();
-    for (system, _) in &clean {
-        let Some(base) = cell(system, "clean").and_then(|c| c.median(pg_cpu_per_1k)) else {
+    for system in systems {
+        let Some(base) = cell(system, "clean").and_then(|c| c.median(f)) else {
             continue;
         };
-        let ratio = |case: &str, f: fn(&super::Row, &super::Mark) -> Option<f64>| {
+        let ratio = |case: &str, f: Figure| {
             cell(system, case)
                 .and_then(|c| c.median(f))
                 .map(|v| v / base)
@@ -56,13 +98,13 @@ pub(super) fn targets(cells: &[Cell], md: &mut String) {
         let mut line = format!("| {system} | {base:.1} |");
         let mut any = false;
         for case in HARD_CASES {
-            let text = match (ratio(case, pg_cpu_per_1k), case) {
-                (Some(r), "mid-analyze") => {
-                    let without = ratio(case, pg_cpu_per_1k_without_analyze).unwrap_or(r);
+            let text = match (ratio(case, f), case, without_analyze) {
+                (Some(r), "mid-analyze", Some(w)) => {
+                    let without = ratio(case, w).unwrap_or(r);
                     Some(format!(" {r:.2}× ({without:.2}× without the ANALYZE) |"))
                 }
-                (Some(r), _) => Some(format!(" {r:.2}× |")),
-                (None, _) => None,
+                (Some(r), _, _) => Some(format!(" {r:.2}× |")),
+                (None, _, _) => None,
             };
             any |= text.is_some();
             line.push_str(text.as_deref().unwrap_or(" – |"));
@@ -72,13 +114,5 @@ pub(super) fn targets(cells: &[Cell], md: &mut String) {
             lines.push('\n');
         }
     }
-    if !lines.is_empty() {
-        md.push_str(
-            "\nPostgreSQL CPU per 1,000 events in each hard case against the system's own \
-             clean drain (medians):\n\n\
-             | system | clean, ms per 1k | delayed | paused | hold-tx | stale | mid-analyze |\n\
-             |---|---|---|---|---|---|---|\n",
-        );
-        md.push_str(&lines);
-    }
+    lines
 }
