@@ -34,18 +34,29 @@ impl Hook {
         }
     }
 
-    /// Starts the hook for `phase` without waiting (the workers go on); a
-    /// failure is logged.
-    pub(super) fn spawn(&self, phase: &str) {
+    /// Starts the hook for `phase` without waiting (the workers go on);
+    /// [`Hook::finish`] waits for it. A failure fails the benchmark there.
+    pub(super) fn spawn(
+        &self,
+        phase: &str,
+    ) -> Option<tokio::task::JoinHandle<Result<(), BenchError>>> {
+        self.0.as_ref()?;
         let hook = self.clone();
         let phase = phase.to_string();
-        if hook.0.is_none() {
-            return;
-        }
-        tokio::spawn(async move {
-            if let Err(e) = hook.call(&phase).await {
-                tracing::error!("{e}");
-            }
-        });
+        Some(tokio::spawn(async move { hook.call(&phase).await }))
+    }
+
+    /// Waits for a hook started by [`Hook::spawn`].
+    pub(super) async fn finish(
+        started: Option<tokio::task::JoinHandle<Result<(), BenchError>>>,
+        phase: &str,
+    ) -> Result<(), BenchError> {
+        let Some(task) = started else {
+            return Ok(());
+        };
+        task.await.map_err(|e| BenchError::Hook {
+            phase: phase.to_string(),
+            reason: e.to_string(),
+        })?
     }
 }

@@ -283,8 +283,8 @@ fn table(cells: &[Cell], md: &mut String) {
 /// Shared buffers the run's statements touched per event: PostgreSQL's
 /// work in a unit the machine's speed does not move (its CPU per event
 /// does, by a third between runs on the shared VMs, docs/benchmarks.md).
-/// Counted from pg_stat_statements, which has not listed the hook's
-/// mid-drain ANALYZE (2026-12-06): its buffers are not in it.
+/// Counted from pg_stat_statements, so a mid-drain ANALYZE's are in it
+/// (the drain-end reading waits for the mid-drain hook).
 fn buffers_per_event(r: &Row, d: &Mark) -> Option<f64> {
     (r.events > 0.0 && d.buffers > 0.0).then(|| d.buffers / r.events)
 }

@@ -63,8 +63,7 @@ pub(super) fn targets(cells: &[Cell], md: &mut String) {
     if !buffers.is_empty() {
         md.push_str(
             "\nThe same in shared buffers the statements touched per event (medians; the \
-             machine's speed does not move these; the mid-drain ANALYZE is not among the \
-             statements counted):\n\n\
+             machine's speed does not move these; mid-analyze's include the ANALYZE's own):\n\n\
              | system | clean, per event | delayed | paused | hold-tx | stale | mid-analyze |\n\
              |---|---|---|---|---|---|---|\n",
         );
