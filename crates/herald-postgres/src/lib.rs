@@ -35,6 +35,7 @@ mod admin;
 mod claim;
 mod emit;
 mod leaders;
+mod pool;
 mod reads;
 mod retry;
 mod ring;
@@ -51,7 +52,6 @@ pub mod testing;
 mod topics;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use herald::store::StoreResult;
 use herald::{Emitted, NewEvent, StoreError};
@@ -63,6 +63,7 @@ use crate::schema::SchemaName;
 use crate::sql::Sql;
 
 pub use crate::emit::{EMIT_FIRST_PAUSE, EMIT_TRIES};
+pub use crate::pool::{pool_options, ACQUIRE_TIMEOUT, IDLE_PING};
 pub use crate::ring::RingTimes;
 pub use crate::schema::{SchemaNameError, DEFAULT_SCHEMA, SCHEMA_VERSION};
 pub use crate::sql::RunCommits;
@@ -123,8 +124,8 @@ fn schema_name(schema: &str, location: &str) -> StoreResult<SchemaName> {
 
 impl PgStore {
     /// Connects to the database at `url` and uses herald's schema `herald`,
-    /// with sqlx's default pool (10 connections), waiting up to 10 s for the
-    /// server.
+    /// with [`pool_options`] (10 connections, a ping only for connections
+    /// idle a second or more), waiting up to 10 s for the server.
     ///
     /// # Errors
     ///
@@ -136,8 +137,7 @@ impl PgStore {
     pub async fn connect(url: &str) -> StoreResult<PgStore> {
         let location = schema::redact(url);
         let options: PgConnectOptions = url.parse().map_err(|e| open_error(&location, &e))?;
-        let pool = PgPoolOptions::new().acquire_timeout(Duration::from_secs(10));
-        Self::connect_with(pool, options, DEFAULT_SCHEMA).await
+        Self::connect_with(pool_options(), options, DEFAULT_SCHEMA).await
     }
 
     /// Connects with explicit pool and connection options, using `schema`

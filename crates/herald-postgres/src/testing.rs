@@ -129,7 +129,7 @@ impl Drop for TestSchema {
 /// A store on a fresh, migrated schema, and the guard that drops it; `None`
 /// (after saying so) when PostgreSQL is unreachable outside CI.
 pub async fn fresh_schema(test: &str) -> Option<(PgStore, TestSchema)> {
-    fresh_schema_with(test, PgPoolOptions::new().max_connections(8)).await
+    fresh_schema_with(test, crate::pool_options().max_connections(8)).await
 }
 
 /// [`fresh_schema`] with pool options of the caller's.

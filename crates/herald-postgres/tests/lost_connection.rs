@@ -3,6 +3,9 @@
 //! exists), and fails with `StoreError::Unavailable` only when the database
 //! stays away.
 //!
+//! A connection that dies while idle in the pool is pinged and replaced
+//! before its next use ([`herald_postgres::IDLE_PING`]).
+//!
 //! The cut is not timed: a trigger on the test schema's `events` makes the
 //! inserting backend terminate itself (`pg_terminate_backend(pg_backend_pid())`)
 //! when it reaches the batch's marked row, as long as a sequence (which a
@@ -11,10 +14,11 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use herald::{Emitted, EventId, EventState, Millis, NewEvent, Store, StoreError};
+use herald::{CountsQuery, Emitted, EventId, EventState, Millis, NewEvent, Store, StoreError};
 use herald_postgres::testing::{self, TestSchema};
 use herald_postgres::PgStore;
 use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection, PgConnection};
 
 /// Events per batch; the marked one is in the middle.
 const BATCH: usize = 400;
@@ -163,5 +167,58 @@ async fn an_emit_to_a_closed_port_fails_as_unavailable() {
             assert!(e.to_string().contains("unavailable"), "{e}");
         }
         other => panic!("expected Unavailable, got {other:?}"),
+    }
+}
+
+/// Terminates the one connection of `store`'s pool (a pool of one) from
+/// another connection, and waits until it is gone, as after a server
+/// restart or a proxy's idle timeout.
+async fn kill_the_idle_connection(store: &PgStore) {
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(store.pool())
+        .await
+        .expect("the pool's backend");
+    let mut other = PgConnection::connect_with(&testing::connect_options())
+        .await
+        .expect("a second connection");
+    let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1, 5000)")
+        .bind(pid)
+        .fetch_one(&mut other)
+        .await
+        .expect("terminate the pool's backend");
+    assert!(killed, "backend {pid} was terminated");
+    other.close().await.ok();
+}
+
+#[tokio::test]
+async fn a_connection_killed_while_idle_is_replaced_before_use() {
+    let pool = herald_postgres::pool_options().max_connections(1);
+    let Some((store, _schema)) = testing::fresh_schema_with(&testing::test_name(), pool).await
+    else {
+        return;
+    };
+    kill_the_idle_connection(&store).await;
+    tokio::time::sleep(herald_postgres::IDLE_PING + Duration::from_millis(200)).await;
+    store
+        .counts(&CountsQuery::all())
+        .await
+        .expect("the dead connection was pinged and replaced");
+}
+
+/// What the ping is for: the same without it fails the call.
+#[tokio::test]
+async fn without_the_idle_ping_a_connection_killed_while_idle_fails_its_next_call() {
+    let pool = PgPoolOptions::new()
+        .test_before_acquire(false)
+        .max_connections(1);
+    let Some((store, _schema)) = testing::fresh_schema_with(&testing::test_name(), pool).await
+    else {
+        return;
+    };
+    kill_the_idle_connection(&store).await;
+    tokio::time::sleep(herald_postgres::IDLE_PING + Duration::from_millis(200)).await;
+    match store.counts(&CountsQuery::all()).await {
+        Err(StoreError::Unavailable { .. }) => {}
+        other => panic!("expected Unavailable on the dead connection, got {other:?}"),
     }
 }

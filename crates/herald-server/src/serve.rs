@@ -339,7 +339,7 @@ pub(crate) async fn open_store(config: &ServeConfig) -> Result<Arc<dyn Store>, S
                     location,
                     reason: e.to_string(),
                 })?;
-            let pool = sqlx::postgres::PgPoolOptions::new()
+            let pool = herald_postgres::pool_options()
                 .max_connections(config.pg_max_connections)
                 .acquire_timeout(config.pg_acquire_timeout);
             let runs = if config.pg_async_run_commits {
