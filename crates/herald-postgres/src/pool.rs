@@ -23,7 +23,7 @@ pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 /// sqlx pings every connection at every acquire by default: a round trip
 /// before each of herald's statements, which are one round trip each. Under
 /// load a connection comes back to the pool and goes out again within
-/// milliseconds, and the ping was a third of a single emit's or claim's time
+/// milliseconds, and the ping was about a quarter of a single emit's or claim's time
 /// (`docs/postgres.md`, "The pool"). Start from these options to set the
 /// size: `pool_options().max_connections(20)`.
 pub fn pool_options() -> PgPoolOptions {
