@@ -37,7 +37,8 @@
 # REPEAT (1): how many times each drain case runs, each time in a fresh
 #   database, in rounds (every system's repeats interleaved, see the main
 #   loop); the report gives the median and the range. REPEAT_CASES
-#   (default every drain case) and REPEAT_SYSTEMS (default all) narrow it.
+#   (default every drain case; add `latency` to repeat each of its rates)
+#   and REPEAT_SYSTEMS (default all) narrow it.
 # PUBSUB_PULL (unary): how herald-pubsub pulls from the emulator, which
 #   keeps serving a killed process's streaming pull (docs/pubsub.md, "The
 #   emulator, and where it differs"); streaming is the real service's default.
@@ -231,11 +232,13 @@ end_run() {
 }
 
 # run SYSTEM CASE SCENARIO ARGS…: one run in a fresh database; the
-# second and later of a repeated case are SYSTEM.CASE.runK (RUN_SUFFIX).
+# second and later of a repeated case are SYSTEM.CASE.runK (RUN_SUFFIX), a
+# latency run's SYSTEM.latency.RATE.runK.
 run() {
   local system=$1 case=$2 scenario=$3; shift 3
-  local name=$system.$case${RUN_SUFFIX:-} dir db url broker sampler=
+  local name=$system.$case dir db url broker sampler=
   [ "$scenario" = latency ] && name=$name.$(echo "$@" | sed -n 's/.*--rate \([0-9]*\).*/\1/p')
+  name=$name${RUN_SUFFIX:-}
   begin_run "$system" "$case" "$name"
   # shellcheck disable=SC2207
   local cmd=($(command_of "$system" "$scenario" "$url" "$@"))
@@ -304,7 +307,7 @@ rescue() {
   end_run $rc
 }
 
-# Round 1 runs every cell; rounds 2 to REPEAT run the repeated drains
+# Round 1 runs every cell; rounds 2 to REPEAT run the repeated drains (and latency)
 # again, every system in turn, so that the repeats of one system are
 # minutes apart, as the other systems' are: a slow stretch of this shared
 # machine then falls on every system's runs rather than on one system's
@@ -316,9 +319,9 @@ for ROUND in $(seq 1 "$REPEAT"); do
     # directory says what ran; the report leaves the others' cells empty).
     case " ${FULL_SYSTEMS:-$SYSTEMS} " in *" $system "*) ;; *) cases=${OTHER_CASES:-$CASES} ;; esac
     for case in $cases; do
-      # Past the first round, only the repeated drains.
+      # Past the first round, only the repeated drains and latency.
       if [ "$ROUND" -gt 1 ]; then
-        case $case in clean|hold-tx|delayed|stale|mid-analyze|paused) ;; *) continue ;; esac
+        case $case in clean|hold-tx|delayed|stale|mid-analyze|paused|latency) ;; *) continue ;; esac
       fi
       case $case in
         clean|hold-tx) repeated "$system" "$case" drain --events "$EVENTS" ;;
@@ -328,7 +331,7 @@ for ROUND in $(seq 1 "$REPEAT"); do
             herald-*) repeated "$system" "$case" drain --events "$BACKLOG_EVENTS" --backlog "$BACKLOG" --backlog-kind paused ;;
             *) ;;  # no per-tenant pause to compare with
           esac ;;
-        latency) for r in $RATES; do run "$system" "$case" latency --rate "$r" --seconds "$LATENCY_SECONDS"; done ;;
+        latency) for r in $RATES; do repeated "$system" "$case" latency --rate "$r" --seconds "$LATENCY_SECONDS"; done ;;
         idle) run "$system" "$case" idle --seconds "$IDLE_SECONDS" ;;
         emit)
           case $system in herald-*) run "$system" "$case" emit ;; *) ;; esac ;;

@@ -219,8 +219,8 @@ fn table(cells: &[Cell], md: &mut String) {
         let scenario = first.result["scenario"].as_str().unwrap_or("");
         let rate = match scenario {
             "latency" | "long-horizon" => format!(
-                "{:.0} of {:.0} offered",
-                first.result["achieved_rate"].as_f64().unwrap_or(0.0),
+                "{} of {:.0} offered",
+                c.figure(|r, _| r.result["achieved_rate"].as_f64(), 0),
                 first.result["rate"].as_f64().unwrap_or(0.0)
             ),
             "idle" | "rescue" => "–".into(),
@@ -232,12 +232,11 @@ fn table(cells: &[Cell], md: &mut String) {
             _ => c.figure(events_per_s, 0),
         };
         let latency = match &first.result["latency_ms"] {
-            Value::Object(l) => format!(
-                "{:.1} / {:.1} / {:.1}",
-                l["p50"].as_f64().unwrap_or(0.0),
-                l["p99"].as_f64().unwrap_or(0.0),
-                l["max"].as_f64().unwrap_or(0.0)
-            ),
+            Value::Object(_) => {
+                let ms =
+                    |p: &'static str| c.figure(move |r, _| r.result["latency_ms"][p].as_f64(), 1);
+                format!("{} / {} / {}", ms("p50"), ms("p99"), ms("max"))
+            }
             _ => "–".into(),
         };
         let statements = c.figure(|r, d| (r.events > 0.0).then(|| d.statements / r.events), 2);
@@ -387,16 +386,24 @@ fn read_run(dir: &Path) -> Option<Row> {
 
 /// A run directory's place in the report: by its name (`SYSTEM.CASE` or
 /// `SYSTEM.CASE.RATE`), a latency run's rate compared as a number, so that
-/// 10000 comes after 2500.
-fn run_order(dir: &Path) -> (String, u64) {
+/// 10000 comes after 2500, then by its round (`.runK`), so that the runs
+/// of a cell are next to each other.
+fn run_order(dir: &Path) -> (String, u64, u32) {
     let name = dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
+    let (name, round) = match name.rsplit_once(".run") {
+        Some((head, k)) => match k.parse() {
+            Ok(k) => (head.to_string(), k),
+            Err(_) => (name, 1),
+        },
+        None => (name, 1),
+    };
     if let Some((head, Ok(rate))) = name.rsplit_once('.').map(|(h, r)| (h, r.parse())) {
-        return (head.to_string(), rate);
+        return (head.to_string(), rate, round);
     }
-    (name, 0)
+    (name, 0, round)
 }
 
 /// Writes `report.md` and the charts into `args.dir`.
@@ -462,13 +469,17 @@ pub fn run(args: ReportArgs) -> Result<(), BenchError> {
             .map_err(|reason| BenchError::Write { path, reason })?;
         md.push_str("\n![drain](drain.svg)\n");
     }
+    // One point per rate: a repeated rate's medians.
     let mut curves: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-    for r in rows.iter().filter(|r| r.case == "latency") {
+    for c in cells.iter().filter(|c| c.case() == "latency") {
         if let (Some(x), Some(y)) = (
-            r.result["achieved_rate"].as_f64(),
-            r.result["latency_ms"]["p50"].as_f64(),
+            c.median(|r, _| r.result["achieved_rate"].as_f64()),
+            c.median(|r, _| r.result["latency_ms"]["p50"].as_f64()),
         ) {
-            curves.entry(r.system.clone()).or_default().push((x, y));
+            curves
+                .entry(c.system().to_string())
+                .or_default()
+                .push((x, y));
         }
     }
     if !curves.is_empty() {
@@ -823,6 +834,37 @@ mod tests {
             ),
             "{md}"
         );
+    }
+
+    #[test]
+    fn repeated_latency_rates_are_one_line_of_medians_each_in_rate_order() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, rate, achieved, p50) in [
+            ("x.latency.10000.run2", 10000, 9500.0, 4.0),
+            ("x.latency.1000.run3", 1000, 1000.0, 3.0),
+            ("x.latency.1000", 1000, 1000.0, 2.0),
+            ("x.latency.10000", 10000, 9000.0, 5.0),
+            ("x.latency.1000.run2", 1000, 990.0, 6.0),
+        ] {
+            let stdout = format!(
+                "{{\"system\":\"x\",\"version\":\"1\",\"scenario\":\"latency\",\"offered\":1000,\"rate\":{rate},\"achieved_rate\":{achieved},\"latency_ms\":{{\"p50\":{p50},\"p99\":{p99},\"max\":20.0}},\"knobs\":{{}}}}\n",
+                p99 = p50 * 2.0
+            );
+            write_run(
+                dir.path(),
+                name,
+                &stdout,
+                "run-start 1000 0 0 0 0\nrun-end 2000 100 10 50 0\n",
+            );
+        }
+        run_report(dir.path());
+        let md = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
+        let low = "| x | latency (3 runs) | 1000 (990–1000) of 1000 offered | 3.0 (2.0–6.0) / 6.0 (4.0–12.0) / 20.0 (20.0–20.0) |";
+        let high = "| x | latency (2 runs) | 9250 (9000–9500) of 10000 offered | 4.5 (4.0–5.0) / 9.0 (8.0–10.0) / 20.0 (20.0–20.0) |";
+        let (at_low, at_high) = (md.find(low), md.find(high));
+        assert!(at_low.is_some() && at_high.is_some(), "{md}");
+        assert!(at_low < at_high, "1000/s before 10000/s: {md}");
+        assert!(dir.path().join("latency.svg").exists());
     }
 
     fn run_report(dir: &Path) {
