@@ -306,10 +306,7 @@ fn timed_phases(scenario: &str) -> (&'static str, &'static str) {
 fn read_run(dir: &Path) -> Option<Row> {
     let run = std::fs::read_to_string(dir.join("run.txt")).ok()?;
     let name = dir.file_name()?.to_string_lossy().into_owned();
-    let cell = match name.rsplit_once(".run") {
-        Some((head, k)) if k.parse::<u32>().is_ok() => head.to_string(),
-        _ => name,
-    };
+    let cell = round_of(&name).0.to_string();
     let mut lines = run.lines();
     let system = lines.next()?.to_string();
     let case = lines.next()?.to_string();
@@ -393,17 +390,20 @@ fn run_order(dir: &Path) -> (String, u64, u32) {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let (name, round) = match name.rsplit_once(".run") {
-        Some((head, k)) => match k.parse() {
-            Ok(k) => (head.to_string(), k),
-            Err(_) => (name, 1),
-        },
-        None => (name, 1),
-    };
+    let (name, round) = round_of(&name);
     if let Some((head, Ok(rate))) = name.rsplit_once('.').map(|(h, r)| (h, r.parse())) {
         return (head.to_string(), rate, round);
     }
-    (name, 0, round)
+    (name.to_string(), 0, round)
+}
+
+/// A run directory's name without a repeat's `.runK`, and K (1 for the
+/// first run, which has none).
+fn round_of(name: &str) -> (&str, u32) {
+    match name.rsplit_once(".run").map(|(head, k)| (head, k.parse())) {
+        Some((head, Ok(k))) => (head, k),
+        _ => (name, 1),
+    }
 }
 
 /// Writes `report.md` and the charts into `args.dir`.
