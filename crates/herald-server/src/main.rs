@@ -17,8 +17,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// longer uses back to the kernel a second later; with huge pages every
 /// fault on it again zeroes 2 MiB, 13 % of herald's own CPU in a NATS drain
 /// (`perf`, 2026-12-06). The flag is the process's, so it also holds where
-/// the kernel hands out huge pages unasked (`enabled = always`). Without it
-/// (not Linux, or refused) herald runs as before.
+/// the kernel hands out huge pages unasked (`enabled = always`), and is
+/// inherited by command handlers (`docs/handlers.md`). Without it (not
+/// Linux, or refused) herald runs as before.
 fn without_huge_pages() {
     #[cfg(target_os = "linux")]
     if let Err(e) = nix::sys::prctl::set_thp_disable(true) {
