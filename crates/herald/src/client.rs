@@ -13,11 +13,11 @@ use crate::handler::Job;
 use crate::model::{
     Emitted, Event, EventId, EventState, Millis, NewEvent, Rule, RuleKind, RuleMatch, Subscription,
 };
-use crate::publisher::Publisher;
+use crate::publisher::{created, Publisher};
 pub use crate::publisher::{DEFAULT_NOTIFY_LINGER, DEFAULT_NOTIFY_PUBLISHES};
 use crate::queue::Queue;
 use crate::retry::DEFAULT_MAX_ATTEMPTS;
-use crate::store::{Count, CountsQuery, EventFilter, HandlerCounts, Scheduled, Store, StoreError};
+use crate::store::{Count, CountsQuery, EventFilter, HandlerCounts, Store, StoreError};
 
 /// The default payload size limit: 1 MiB.
 pub const DEFAULT_MAX_PAYLOAD: usize = 1 << 20;
@@ -195,54 +195,72 @@ const RENOTIFY_PAGE: usize = 1000;
 impl Client {
     /// A client on a store and a queue.
     pub fn new(store: Arc<dyn Store>, queue: Arc<dyn Queue>) -> Self {
+        let publisher = Arc::new(Publisher::new(
+            queue.clone(),
+            DEFAULT_NOTIFY_LINGER,
+            DEFAULT_NOTIFY_PUBLISHES,
+        ));
         Client {
-            publisher: Arc::new(Publisher::new(
-                queue.clone(),
-                DEFAULT_NOTIFY_LINGER,
-                DEFAULT_NOTIFY_PUBLISHES,
+            commit: Arc::new(GroupCommit::new(
+                store.clone(),
+                publisher.clone(),
+                DEFAULT_GROUP_COMMIT_WRITES,
             )),
-            commit: Arc::new(GroupCommit::new(store.clone(), DEFAULT_GROUP_COMMIT_WRITES)),
+            publisher,
             store,
             queue,
             max_payload: DEFAULT_MAX_PAYLOAD,
         }
     }
 
-    /// Sets how long the notifications of an emit wait at most for a
-    /// publish in flight to end, to be published together with those of
-    /// the other emits that wait (default [`DEFAULT_NOTIFY_LINGER`], 1 ms;
-    /// zero publishes each emit's at once). While fewer than
-    /// [`Client::notify_publishes`] are in flight an emit's notifications
-    /// go out at once; under load an emit returns up to this much later,
-    /// and single emits close in time share messages (docs/semantics.md).
-    pub fn notify_linger(mut self, linger: Duration) -> Self {
+    /// Sets how long notifications wait at most for a publish in flight to
+    /// end, to be published together with the others that wait (default
+    /// [`DEFAULT_NOTIFY_LINGER`], 1 ms; zero publishes each at once).
+    /// What waits is one grouped write's notifications (see
+    /// [`Client::group_commit`]), or one emit's when it is written on its
+    /// own. While fewer than [`Client::notify_publishes`] are in flight they
+    /// go out at once; beyond that an emit returns up to this much later,
+    /// and emits close in time share messages (docs/semantics.md).
+    pub fn notify_linger(self, linger: Duration) -> Self {
         let publishes = self.publisher.publishes;
-        self.publisher = Arc::new(Publisher::new(self.queue.clone(), linger, publishes));
-        self
+        self.publishing(linger, publishes)
     }
 
     /// Sets how many publishes of emits' notifications may be in flight
     /// before the next emits' wait (at most the linger) to be grouped
     /// (default [`DEFAULT_NOTIFY_PUBLISHES`]; 0 counts as 1). More lets a
-    /// lone emit rarely wait out another's broker round trip; fewer groups
-    /// more under load (fewer, larger messages).
-    pub fn notify_publishes(mut self, publishes: usize) -> Self {
+    /// write's notifications rarely wait out another's broker round trip;
+    /// fewer groups more under load (fewer, larger messages).
+    pub fn notify_publishes(self, publishes: usize) -> Self {
         let linger = self.publisher.linger;
+        self.publishing(linger, publishes)
+    }
+
+    /// A new publisher with these settings, and a group commit that
+    /// notifies through it.
+    fn publishing(mut self, linger: Duration, publishes: usize) -> Self {
         self.publisher = Arc::new(Publisher::new(self.queue.clone(), linger, publishes));
-        self
+        let writes = self.commit.writes;
+        self.group_commit(writes)
     }
 
     /// Sets how many store writes of emits may run at once (default
     /// [`DEFAULT_GROUP_COMMIT_WRITES`]). An emit that finds one free is
     /// written at once; emits that arrive while all are busy are written
     /// together by the next free one, in one store call (group commit:
-    /// single emits under load share statements and commits). Zero writes
+    /// single emits under load share statements and commits), and their
+    /// notifications are published together once it commits, as one
+    /// publish (grouped only with other writes' by the linger). Zero writes
     /// each emit on its own, as it comes, with no limit on how many at once.
     /// Batches of [`GROUP_MAX_EVENTS`] or more are always written on their
     /// own. Each emit's answer is its own: a grouped write that fails for
     /// one emit's events is tried again emit by emit.
     pub fn group_commit(mut self, writes: usize) -> Self {
-        self.commit = Arc::new(GroupCommit::new(self.store.clone(), writes));
+        self.commit = Arc::new(GroupCommit::new(
+            self.store.clone(),
+            self.publisher.clone(),
+            writes,
+        ));
         self
     }
 
@@ -352,7 +370,7 @@ impl Client {
         let events = self.prepare(batch)?;
         let (events, emitted) = self.commit.emit(events).await;
         let emitted = emitted?;
-        self.notify_emitted(&events, &emitted).await;
+        count_emitted(&events, &emitted);
         Ok(emitted)
     }
 
@@ -385,18 +403,7 @@ impl Client {
     /// logged, not returned: the reconciler notifies what this could not.
     pub async fn notify_emitted(&self, events: &[NewEvent], emitted: &[Emitted]) {
         count_emitted(events, emitted);
-        let now = Millis::now();
-        let created = events
-            .iter()
-            .zip(emitted)
-            .filter(|(_, e)| matches!(e, Emitted::Created(_)))
-            .map(|(ev, _)| Scheduled {
-                tenant: ev.tenant.clone(),
-                event_id: ev.id,
-                delay: now.until(ev.run_at),
-            })
-            .collect();
-        self.publisher.publish(created).await;
+        self.publisher.publish(created(events, emitted)).await;
     }
 
     /// Emits raw JSON to a topic for `tenant`: one event per handler
@@ -421,7 +428,7 @@ impl Client {
         let events = topic_copies(tenant, topic, payload, options, &handlers)?;
         let (events, emitted) = self.commit.emit(events).await;
         let emitted = emitted?;
-        self.notify_emitted(&events, &emitted).await;
+        count_emitted(&events, &emitted);
         Ok(topic_emitted(topic, &events, &emitted))
     }
 

@@ -1,17 +1,22 @@
 //! Group commit: emits that arrive while earlier ones are being written
-//! wait for a free write and are stored together, in one store call.
+//! wait for a free write and are stored together, in one store call, and
+//! notified together, in one publish.
 //!
 //! One request per single emit costs a statement and a commit each; under
 //! load, most of an emit's time is spent queued behind other commits. Here
 //! at most `writes` store calls run at once: an emit that finds one free is
 //! written at once, alone (no added latency when the load is light), and
-//! the emits that arrive while all are busy form the next group.
+//! the emits that arrive while all are busy form the next group. The
+//! group's notifications leave as soon as its write has committed, without
+//! waiting for another publish to end: the write already grouped them, so
+//! a commit costs one publish, however many emits it held.
 
 use std::sync::{Arc, OnceLock};
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::model::{Emitted, NewEvent};
+use crate::publisher::{created, Publisher};
 use crate::store::{Store, StoreError, StoreResult};
 
 /// How many grouped store writes may run at once by default: see
@@ -34,10 +39,15 @@ struct Pending {
     answer: oneshot::Sender<Answer>,
 }
 
-/// Writes emits, grouping those that wait for a free write.
+/// Writes emits, grouping those that wait for a free write, and publishes
+/// their notifications.
 pub(crate) struct GroupCommit {
     store: Arc<dyn Store>,
-    writes: usize,
+    /// Publishes the notifications of emits written on their own (grouped
+    /// with other emits' by its linger) and of each group (at once).
+    publisher: Arc<Publisher>,
+    /// Grouped writes at once at most (zero: none, each emit alone).
+    pub(crate) writes: usize,
     /// The grouping task's inbox, started at the first emit (on the
     /// runtime that makes it).
     inbox: OnceLock<mpsc::UnboundedSender<Pending>>,
@@ -45,34 +55,39 @@ pub(crate) struct GroupCommit {
 
 impl GroupCommit {
     /// Writes to `store` with at most `writes` grouped writes at once (zero:
-    /// each emit is written on its own, as it comes).
-    pub(crate) fn new(store: Arc<dyn Store>, writes: usize) -> Self {
+    /// each emit is written on its own, as it comes), and notifies through
+    /// `publisher`.
+    pub(crate) fn new(store: Arc<dyn Store>, publisher: Arc<Publisher>, writes: usize) -> Self {
         GroupCommit {
             store,
+            publisher,
             writes,
             inbox: OnceLock::new(),
         }
     }
 
     /// Stores `events`, perhaps together with other emits' events, and
-    /// returns them with the store's answer for them, in their order.
+    /// publishes the notifications of those it created; returns them with
+    /// the store's answer for them, in their order, once both are done (a
+    /// failed publish is logged: the reconciler notifies those events).
     pub(crate) async fn emit(&self, events: Vec<NewEvent>) -> Answer {
         if self.writes == 0 || events.len() >= GROUP_MAX_EVENTS {
-            let out = self.store.emit(&events).await;
-            return (events, out);
+            return self.emit_alone(events).await;
         }
         let inbox = self.inbox.get_or_init(|| {
             let (tx, rx) = mpsc::unbounded_channel();
-            tokio::spawn(write_groups(self.store.clone(), self.writes, rx));
+            tokio::spawn(write_groups(
+                self.store.clone(),
+                self.publisher.clone(),
+                self.writes,
+                rx,
+            ));
             tx
         });
         let (answer, wait) = oneshot::channel();
         match inbox.send(Pending { events, answer }) {
             // The grouping task is gone (its runtime was shut down): here.
-            Err(mpsc::error::SendError(p)) => {
-                let out = self.store.emit(&p.events).await;
-                (p.events, out)
-            }
+            Err(mpsc::error::SendError(p)) => self.emit_alone(p.events).await,
             Ok(()) => wait.await.unwrap_or_else(|_| {
                 // Only a runtime shutting down drops a write under way; its
                 // events may or may not be stored, as after a lost
@@ -87,12 +102,24 @@ impl GroupCommit {
             }),
         }
     }
+
+    /// Writes `events` in a store call of their own; their notifications
+    /// go through the publisher, grouped with other emits' that wait.
+    async fn emit_alone(&self, events: Vec<NewEvent>) -> Answer {
+        let out = self.store.emit(&events).await;
+        if let Ok(emitted) = &out {
+            self.publisher.publish(created(&events, emitted)).await;
+        }
+        (events, out)
+    }
 }
 
 /// Takes a free write, then every emit waiting (up to [`GROUP_MAX_EVENTS`]),
-/// and writes them on a task of their own while the next group waits.
+/// and writes them on a task of their own while the next group waits; the
+/// write is free again once it has committed, before the group's publish.
 async fn write_groups(
     store: Arc<dyn Store>,
+    publisher: Arc<Publisher>,
     writes: usize,
     mut inbox: mpsc::UnboundedReceiver<Pending>,
 ) {
@@ -115,36 +142,48 @@ async fn write_groups(
                 Err(_) => break,
             }
         }
-        let store = store.clone();
+        let (store, publisher) = (store.clone(), publisher.clone());
         tokio::spawn(async move {
-            write_group(store.as_ref(), group).await;
+            let answers = write_group(store.as_ref(), group).await;
             drop(write);
+            let notify = answers
+                .iter()
+                .filter_map(|(_, (events, out))| Some(created(events, out.as_ref().ok()?)))
+                .flatten()
+                .collect();
+            publisher.publish(notify).await;
+            for (to, answer) in answers {
+                let _ = to.send(answer);
+            }
         });
     }
 }
 
-/// Writes a group in one store call and answers each emit with its part.
-/// If the call fails for a reason other than a lost store, each emit is
-/// written again on its own, so that one emit's bad event fails only that
-/// emit.
-async fn write_group(store: &dyn Store, mut group: Vec<Pending>) {
+/// Where an emit's answer goes, and the answer.
+type Answered = (oneshot::Sender<Answer>, Answer);
+
+/// Writes a group in one store call and returns each emit's part of the
+/// answer, in the group's order. If the call fails for a reason other than
+/// a lost store, each emit is written again on its own, so that one emit's
+/// bad event fails only that emit.
+async fn write_group(store: &dyn Store, mut group: Vec<Pending>) -> Vec<Answered> {
     if group.len() == 1 {
         let p = group.pop().expect("one");
         let out = store.emit(&p.events).await;
-        let _ = p.answer.send((p.events, out));
-        return;
+        return vec![(p.answer, (p.events, out))];
     }
     let lens: Vec<usize> = group.iter().map(|p| p.events.len()).collect();
     let mut all: Vec<NewEvent> = group
         .iter_mut()
         .flat_map(|p| std::mem::take(&mut p.events))
         .collect();
+    let mut answered = Vec::with_capacity(group.len());
     match store.emit(&all).await {
         Ok(mut emitted) => {
             for (p, n) in group.into_iter().zip(lens).rev() {
                 let events = all.split_off(all.len() - n);
                 let out = emitted.split_off(emitted.len() - n);
-                let _ = p.answer.send((events, Ok(out)));
+                answered.push((p.answer, (events, Ok(out))));
             }
         }
         Err(e @ (StoreError::Unavailable { .. } | StoreError::Closed)) => {
@@ -168,7 +207,7 @@ async fn write_group(store: &dyn Store, mut group: Vec<Pending>) {
                 } else {
                     copy(original.as_ref().expect("kept for the first emit"))
                 };
-                let _ = p.answer.send((events, Err(err)));
+                answered.push((p.answer, (events, Err(err))));
             }
         }
         Err(e) => {
@@ -176,8 +215,10 @@ async fn write_group(store: &dyn Store, mut group: Vec<Pending>) {
             for (p, n) in group.into_iter().zip(lens).rev() {
                 let events = all.split_off(all.len() - n);
                 let out = store.emit(&events).await;
-                let _ = p.answer.send((events, out));
+                answered.push((p.answer, (events, out)));
             }
         }
     }
+    answered.reverse();
+    answered
 }

@@ -1,8 +1,8 @@
-//! Publishing the notifications of emits: an emit's notifications go out
-//! at once while fewer than a few publishes are in flight; those that
-//! arrive while that many are wait for one to end (at most a short linger)
-//! and are grouped ([`Publish::group`]) and published together, so single
-//! emits close in time share messages.
+//! Publishing the notifications of emits: those of one grouped write (or
+//! of one emit written on its own) go out at once while fewer than a few
+//! publishes are in flight; those that arrive while that many are wait for
+//! one to end (at most a short linger) and are grouped ([`Publish::group`])
+//! and published together, so emits close in time share messages.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
 
+use crate::model::{Emitted, Millis, NewEvent};
 use crate::queue::{Publish, Queue};
 use crate::store::Scheduled;
 
@@ -21,7 +22,12 @@ pub const DEFAULT_NOTIFY_LINGER: Duration = Duration::from_millis(1);
 
 /// How many publishes may be in flight before emits' notifications wait
 /// to be grouped, by default: see [`crate::Client::notify_publishes`].
-pub const DEFAULT_NOTIFY_PUBLISHES: usize = 1;
+/// Four: the group commit's writes already group single emits (one
+/// publish per commit), so a commit's notifications should not wait out
+/// the previous commit's broker round trip (NATS's ack, about half a
+/// millisecond); a broker far away (Pub/Sub, tens of milliseconds) still
+/// has its publishes grouped once four are in flight (ADR 0011).
+pub const DEFAULT_NOTIFY_PUBLISHES: usize = 4;
 
 /// The events of one emit waiting to be published, and who waits for it.
 struct Pending {
@@ -147,6 +153,23 @@ async fn group(
             }
         });
     }
+}
+
+/// The notifications owed for `events` as the store answered them: one for
+/// each event it created, due at its `run_at` (an idempotent hit was
+/// notified when it was created).
+pub(crate) fn created(events: &[NewEvent], emitted: &[Emitted]) -> Vec<Scheduled> {
+    let now = Millis::now();
+    events
+        .iter()
+        .zip(emitted)
+        .filter(|(_, e)| matches!(e, Emitted::Created(_)))
+        .map(|(ev, _)| Scheduled {
+            tenant: ev.tenant.clone(),
+            event_id: ev.id,
+            delay: now.until(ev.run_at),
+        })
+        .collect()
 }
 
 /// Groups `events` by the queue's limits and publishes them, logging a failure.

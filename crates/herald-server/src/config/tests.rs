@@ -782,7 +782,7 @@ fn notification_limits_apply_to_every_queue_and_unusable_ones_are_refused() {
     assert_eq!(c.notify_linger, Duration::ZERO);
     let c = load_with(None, &[], Overrides::default()).unwrap();
     assert_eq!(c.notify_publishes, herald::client::DEFAULT_NOTIFY_PUBLISHES);
-    // Not the default (1), so that the file's value is what is checked.
+    // Not the default (4), so that the file's value is what is checked.
     let c = load_with(Some("notify_publishes = 3"), &[], Overrides::default()).unwrap();
     assert_eq!(c.notify_publishes, 3);
     let c = load_with(None, &[], Overrides::default()).unwrap();

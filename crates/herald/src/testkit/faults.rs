@@ -18,13 +18,16 @@ use crate::store::{
 /// A store around a real one that fails or slows down on purpose, and
 /// passes everything else to the store inside: it refuses (with
 /// [`StoreError::Backend`], nothing written) every emit that holds an
-/// event of one tenant, makes every settle call wait before the store's,
-/// counting the calls in flight, and can make settle calls panic.
+/// event of one tenant, makes every emit or settle call wait before the
+/// store's, counting the settle calls in flight, and can make settle calls
+/// panic.
 pub struct Faulty {
     /// The real store.
     pub inner: Arc<dyn Store>,
     /// The tenant whose events are refused, if any.
     pub refused_tenant: Option<String>,
+    /// How long each emit call waits before the store's.
+    pub emit_delay: Duration,
     /// How long each settle call waits before the store's.
     pub settle_delay: Duration,
     /// The settle calls seen.
@@ -56,6 +59,7 @@ impl Faulty {
         Faulty {
             inner,
             refused_tenant: None,
+            emit_delay: Duration::ZERO,
             settle_delay: Duration::ZERO,
             settles: Arc::default(),
             settle_panics: AtomicUsize::new(0),
@@ -65,6 +69,12 @@ impl Faulty {
     /// Refuses every emit that holds an event of `tenant`.
     pub fn refusing_emits_of(mut self, tenant: &str) -> Self {
         self.refused_tenant = Some(tenant.to_string());
+        self
+    }
+
+    /// Makes every emit call wait `delay` first (a write that takes long).
+    pub fn slow_emits(mut self, delay: Duration) -> Self {
+        self.emit_delay = delay;
         self
     }
 
@@ -93,6 +103,7 @@ impl Store for Faulty {
                 ));
             }
         }
+        tokio::time::sleep(self.emit_delay).await;
         self.inner.emit(events).await
     }
     async fn claim(

@@ -230,6 +230,7 @@ macro_rules! engine_suite {
             concurrent_single_emits_each_get_their_own_event_and_run_once,
             concurrent_emits_of_one_key_store_one_event,
             a_refused_emit_fails_only_itself_in_a_group,
+            the_emits_of_one_write_share_one_message,
             dead_event_can_be_retried,
             a_paused_subscriber_holds_only_its_copy,
             a_topic_of_1000_subscribers_stores_and_runs_every_copy,

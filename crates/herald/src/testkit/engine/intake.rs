@@ -1,12 +1,15 @@
 //! Engine scenarios for what comes in: bad payloads, idempotency keys, garbage, unknown handlers.
 
+use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::{Rig, H, QUIET, SOON, T};
-use crate::client::{ClientError, EmitOptions, EmitRequest};
-use crate::model::EventState;
+use crate::client::{Client, ClientError, EmitOptions, EmitRequest};
+use crate::model::{EventId, EventState, Notification};
 use crate::store::Store;
 use crate::testkit::eventually;
+use crate::testkit::faults::Faulty;
 
 /// Garbage on the queue is dropped with a log line; real events still run.
 pub async fn garbage_on_the_queue_is_dropped(store: Arc<dyn Store>) {
@@ -260,4 +263,52 @@ pub async fn a_refused_emit_fails_only_itself_in_a_group(store: Arc<dyn Store>) 
         "nothing of the refused tenant was stored"
     );
     w.shutdown(SOON).await;
+}
+
+/// The emits that wait together for a write are stored in one store call
+/// and notified in one message once it commits: a commit costs one
+/// publish, however many emits it held.
+pub async fn the_emits_of_one_write_share_one_message(store: Arc<dyn Store>) {
+    let rig = Rig::new(store.clone()).await;
+    let slow: Arc<dyn Store> =
+        Arc::new(Faulty::around(store).slow_emits(Duration::from_millis(300)));
+    // One write at a time: the first emit holds it while the others wait.
+    let client = Client::new(slow, rig.queue.clone()).group_commit(1);
+    let emit = |client: &Client| {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let out = client.emit_json(T, H, "{}", EmitOptions::default()).await;
+            out.expect("emit").id()
+        })
+    };
+    let first = emit(&client);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let waiting: Vec<_> = (0..9).map(|_| emit(&client)).collect();
+    let first = first.await.expect("emit task");
+    let mut group = HashSet::new();
+    for e in waiting {
+        group.insert(e.await.expect("emit task"));
+    }
+    assert_eq!(group.len(), 9);
+    // Every emit has returned, so every notification is on the queue.
+    let mut messages: Vec<Vec<EventId>> = Vec::new();
+    while messages.iter().map(Vec::len).sum::<usize>() < 10 {
+        let got = tokio::time::timeout(SOON, rig.queue.receive(64))
+            .await
+            .expect("the notifications of every returned emit are on the queue")
+            .expect("receive");
+        let tags: Vec<_> = got.iter().map(|d| d.tag.clone()).collect();
+        for d in got {
+            let n = Notification::decode(&d.payload).expect("a notification");
+            messages.push(n.event_ids);
+        }
+        rig.queue.ack(&tags).await.expect("ack");
+    }
+    // In either order: a queue need not keep the order of publishes.
+    messages.sort_by_key(Vec::len);
+    assert_eq!(messages.len(), 2, "one message per write: {messages:?}");
+    assert_eq!(messages[0], vec![first], "the first write's message");
+    let second: HashSet<EventId> = messages[1].iter().copied().collect();
+    assert_eq!(second, group, "the waiting emits' write, in one message");
+    assert_eq!(rig.stored().await, 10);
 }
