@@ -7,9 +7,10 @@
 //! at most `writes` store calls run at once: an emit that finds one free is
 //! written at once, alone (no added latency when the load is light), and
 //! the emits that arrive while all are busy form the next group. The
-//! group's notifications leave as soon as its write has committed, without
-//! waiting for another publish to end: the write already grouped them, so
-//! a commit costs one publish, however many emits it held.
+//! group's notifications go to the publisher as one as soon as its write
+//! has committed (they wait for another publish only when several are in
+//! flight, by the publisher's rule): the write already grouped them, so a
+//! commit costs one publish, however many emits it held.
 
 use std::sync::{Arc, OnceLock};
 
@@ -43,8 +44,8 @@ struct Pending {
 /// their notifications.
 pub(crate) struct GroupCommit {
     store: Arc<dyn Store>,
-    /// Publishes the notifications of emits written on their own (grouped
-    /// with other emits' by its linger) and of each group (at once).
+    /// Publishes the notifications of emits written on their own and of
+    /// each group, a group's as one.
     publisher: Arc<Publisher>,
     /// Grouped writes at once at most (zero: none, each emit alone).
     pub(crate) writes: usize,
