@@ -211,8 +211,8 @@ impl PgStore {
         self
     }
 
-    /// Whether claims and settles wait for their commit's WAL flush
-    /// ([`RunCommits`]; by default they do).
+    /// Which of claims and settles wait for their commit's WAL flush
+    /// ([`RunCommits`]; by default settles do and claims do not).
     pub fn with_run_commits(mut self, runs: RunCommits) -> PgStore {
         self.sql = Arc::new(Sql::new(&self.schema.quoted, runs));
         self

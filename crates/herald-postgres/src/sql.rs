@@ -51,8 +51,9 @@ const SETTLE_RELEASE: &str =
 /// `$4` error.
 const SETTLE_BURY: &str = "SELECT s.ord FROM {s}.settle_bury($1, $2, $3, $4) AS s(ord){nowait}";
 
-/// Added to the claim and settle statements when runs commit without
-/// waiting for their WAL flush ([`RunCommits::Unflushed`]): `set_config`'s
+/// Added to the statements that commit without waiting for their WAL
+/// flush (the claim's by default, the settles' too with
+/// [`RunCommits::Unflushed`]): `set_config`'s
 /// third argument makes the setting last to the end of the statement's own
 /// transaction, so it is in force when that transaction commits and
 /// nowhere else. Evaluated once, whichever side of the join the planner
@@ -60,26 +61,76 @@ const SETTLE_BURY: &str = "SELECT s.ord FROM {s}.settle_bury($1, $2, $3, $4) AS 
 /// nothing to flush either way.
 const NOWAIT: &str = ", set_config('synchronous_commit', 'off', true) AS nowait";
 
-/// Whether claims and settles wait for their commit's WAL flush.
+/// Which of the run's commits (the claim's, the settle's) wait for their
+/// WAL flush.
 ///
 /// Emits, renewals, rules and the sweep always commit as the connection
-/// is configured. A claim or settle whose unflushed commit a crash of the
-/// PostgreSQL server loses leaves the event as it was before: it is
-/// claimed and run again, a duplicate run that at-least-once delivery
-/// already allows, never a lost event.
-/// docs/adr/0012-unflushed-run-commits.md says what it saves and costs.
+/// is configured: an emit's flush is a promise to its caller. A claim or
+/// settle whose unflushed commit a crash of the PostgreSQL server loses
+/// leaves the event as it was before: it is claimed and run again, a
+/// duplicate run that at-least-once delivery already allows, never a lost
+/// event. docs/adr/0012-unflushed-run-commits.md says what each choice
+/// saves and costs, and why claims skip the flush by default.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RunCommits {
-    /// Claims and settles commit as the connection is configured (the
-    /// default; PostgreSQL's default waits for the flush): a crash of the
+    /// Claims and settles commit as the connection is configured
+    /// (PostgreSQL's default waits for the flush): a crash of the
     /// PostgreSQL server loses no claim or settle that returned.
-    #[default]
     Flushed,
-    /// Claims and settles commit with `synchronous_commit = off`: they
-    /// return before the WAL writer flushes them (at most three
-    /// `wal_writer_delay`s later, 600 ms by default), which takes a flush
-    /// wait off every event's way from emit to start.
+    /// The default: claims commit with `synchronous_commit = off`, settles
+    /// as the connection is configured. A claim returns before the WAL
+    /// writer flushes it (at most three `wal_writer_delay`s later, 600 ms
+    /// by default, and at the next flushed commit of any session, which
+    /// flushes everything before it), which takes a flush wait off every
+    /// event's way from emit to start. A crash of the PostgreSQL server can
+    /// lose a claim whose handler already started: the event is pending
+    /// again, the running handler loses its lease at its next renewal, and
+    /// the event runs again. A finished run stays finished.
+    #[default]
+    UnflushedClaims,
+    /// Claims and settles commit with `synchronous_commit = off`: the
+    /// settles' flushes leave the WAL to the WAL writer too, and a crash
+    /// can also lose settles of its last moments, whose events then run
+    /// again once their leases lapse.
     Unflushed,
+}
+
+impl RunCommits {
+    /// The name `herald serve`'s `pg_run_commits` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            RunCommits::Flushed => "flushed",
+            RunCommits::UnflushedClaims => "unflushed-claims",
+            RunCommits::Unflushed => "unflushed",
+        }
+    }
+
+    /// The suffix of the claim statement, and of the settle statements.
+    fn suffixes(self) -> (&'static str, &'static str) {
+        match self {
+            RunCommits::Flushed => ("", ""),
+            RunCommits::UnflushedClaims => (NOWAIT, ""),
+            RunCommits::Unflushed => (NOWAIT, NOWAIT),
+        }
+    }
+}
+
+impl std::str::FromStr for RunCommits {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        [
+            RunCommits::Flushed,
+            RunCommits::UnflushedClaims,
+            RunCommits::Unflushed,
+        ]
+        .into_iter()
+        .find(|r| r.name() == s)
+        .ok_or_else(|| {
+            format!(
+                "{s:?} is not a way to commit runs: write \"unflushed-claims\" (the default), \"flushed\" or \"unflushed\""
+            )
+        })
+    }
 }
 
 /// Extends held leases. `$1` lease in ms, `$2` ids, `$3` tokens, `$4`
@@ -349,19 +400,17 @@ impl Sql {
     /// The statements for the schema whose quoted name is `quoted`, with
     /// claims and settles committing as `runs` says.
     pub(crate) fn new(quoted: &str, runs: RunCommits) -> Sql {
-        let nowait = match runs {
-            RunCommits::Unflushed => NOWAIT,
-            RunCommits::Flushed => "",
-        };
-        let f = |t: &str| fill(&t.replace("{nowait}", nowait), quoted);
+        let (claim, settle) = runs.suffixes();
+        let f = |t: &str| fill(t, quoted);
+        let settle = |t: &str| fill(&t.replace("{nowait}", settle), quoted);
         Sql {
             schema: quoted.to_string(),
-            claim: f(CLAIM),
+            claim: fill(&CLAIM.replace("{nowait}", claim), quoted),
             inspect: f(INSPECT),
-            settle_delete: f(SETTLE_DELETE),
-            settle_archive: f(SETTLE_ARCHIVE),
-            settle_release: f(SETTLE_RELEASE),
-            settle_bury: f(SETTLE_BURY),
+            settle_delete: settle(SETTLE_DELETE),
+            settle_archive: settle(SETTLE_ARCHIVE),
+            settle_release: settle(SETTLE_RELEASE),
+            settle_bury: settle(SETTLE_BURY),
             renew: f(RENEW),
             emit: f(EMIT),
             existing_keys: f(EXISTING_KEYS),
@@ -482,14 +531,41 @@ mod tests {
 
     #[test]
     fn only_claims_and_settles_skip_the_flush() {
-        let unflushed = Sql::new("\"x\"", RunCommits::Unflushed);
-        let flushed = Sql::new("\"x\"", RunCommits::Flushed);
-        for (name, s) in unflushed.named() {
-            let run = name == "claim" || name.starts_with("settle_");
-            assert_eq!(s.contains("synchronous_commit"), run, "{name}: {s}");
+        let skips = |runs: RunCommits, name: &str| match runs {
+            RunCommits::Flushed => false,
+            RunCommits::UnflushedClaims => name == "claim",
+            RunCommits::Unflushed => name == "claim" || name.starts_with("settle_"),
+        };
+        for runs in [
+            RunCommits::Flushed,
+            RunCommits::UnflushedClaims,
+            RunCommits::Unflushed,
+        ] {
+            for (name, s) in Sql::new("\"x\"", runs).named() {
+                assert!(!s.contains("{nowait}"), "{name}: {s}");
+                assert_eq!(
+                    s.contains("synchronous_commit"),
+                    skips(runs, name),
+                    "{runs:?} {name}: {s}"
+                );
+            }
         }
-        for (name, s) in flushed.named() {
-            assert!(!s.contains("synchronous_commit"), "{name}: {s}");
+    }
+
+    #[test]
+    fn run_commits_read_their_names_and_refuse_others() {
+        for runs in [
+            RunCommits::Flushed,
+            RunCommits::UnflushedClaims,
+            RunCommits::Unflushed,
+        ] {
+            assert_eq!(runs.name().parse::<RunCommits>(), Ok(runs));
         }
+        assert_eq!(RunCommits::default(), RunCommits::UnflushedClaims);
+        let refused = "true".parse::<RunCommits>().unwrap_err();
+        assert!(
+            refused.contains("\"true\" is not a way to commit runs"),
+            "{refused}"
+        );
     }
 }

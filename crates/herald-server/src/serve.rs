@@ -342,14 +342,12 @@ pub(crate) async fn open_store(config: &ServeConfig) -> Result<Arc<dyn Store>, S
             let pool = herald_postgres::pool_options()
                 .max_connections(config.pg_max_connections)
                 .acquire_timeout(config.pg_acquire_timeout);
-            let runs = if config.pg_async_run_commits {
-                tracing::info!(
-                    "pg_async_run_commits: claims and settles commit without waiting for their WAL flush; a crash of PostgreSQL can run the events of its last ~600 ms again"
-                );
-                RunCommits::Unflushed
-            } else {
-                RunCommits::Flushed
-            };
+            let runs = config.pg_run_commits;
+            match runs {
+                RunCommits::Flushed => tracing::info!("pg_run_commits = flushed: claims and settles wait for their WAL flush"),
+                RunCommits::UnflushedClaims => tracing::info!("pg_run_commits = unflushed-claims: claims commit without waiting for their WAL flush (a crash of PostgreSQL can run again the events whose claims it lost); settles and emits wait for it"),
+                RunCommits::Unflushed => tracing::info!("pg_run_commits = unflushed: claims and settles commit without waiting for their WAL flush; a crash of PostgreSQL can run again the events of its last ~600 ms"),
+            }
             let store = PgStore::connect_with(pool, options, &config.pg_schema).await?;
             Arc::new(store.with_run_commits(runs))
         }

@@ -160,6 +160,7 @@ impl Bench {
         );
         if let StoreLocation::Postgres(_) = self.config.store {
             set("pg_max_connections", json!(self.config.pg_max_connections));
+            set("pg_run_commits", json!(self.config.pg_run_commits.name()));
         }
         if let QueueConfig::Pubsub(c) = &self.config.queue {
             set("pubsub_pull", json!(c.pull.name()));

@@ -19,6 +19,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use herald::WorkerConfig;
+use herald_postgres::RunCommits;
 
 pub use file::parse_duration;
 pub use queue::{QueueConfig, DEFAULT_NATS_STREAM};
@@ -153,10 +154,9 @@ pub struct ServeConfig {
     pub pg_max_connections: u32,
     /// How long a store call waits for a free PostgreSQL connection.
     pub pg_acquire_timeout: Duration,
-    /// Whether claims and settles commit with `synchronous_commit = off`
-    /// (`herald_postgres::RunCommits::Unflushed`; emits always wait for
-    /// their flush).
-    pub pg_async_run_commits: bool,
+    /// Which of claims and settles commit with `synchronous_commit = off`
+    /// (by default claims; emits always wait for their flush).
+    pub pg_run_commits: RunCommits,
     /// The HTTP API's address.
     pub listen: SocketAddr,
     /// The largest payload, in bytes of JSON text.

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use herald::WorkerConfig;
+use herald_postgres::RunCommits;
 
 use herald::schedule::{ScheduleDef, ScheduleSource};
 
@@ -50,6 +51,17 @@ pub(super) fn resolve(mut raw: FileConfig, origins: &Origins) -> Result<ServeCon
         herald::client::check_name("handler", name)
             .map_err(|e| err(&format!("handlers.{name}"), e.to_string()))?;
     }
+    if let Some(was) = raw.pg_async_run_commits {
+        let now = if was { "unflushed" } else { "flushed" };
+        return Err(err(
+            "pg_async_run_commits",
+            format!("this setting is now pg_run_commits: write pg_run_commits = \"{now}\" for {was} (the default, \"unflushed-claims\", lets only claims skip the flush; ADR 0012)"),
+        ));
+    }
+    let pg_run_commits = match raw.pg_run_commits.as_deref() {
+        None => RunCommits::default(),
+        Some(text) => text.parse().map_err(|m| err("pg_run_commits", m))?,
+    };
     let mut subscriptions = Vec::with_capacity(raw.subscriptions.len());
     for (i, s) in std::mem::take(&mut raw.subscriptions)
         .into_iter()
@@ -70,7 +82,7 @@ pub(super) fn resolve(mut raw: FileConfig, origins: &Origins) -> Result<ServeCon
         queue,
         pg_max_connections: limits.pg_max_connections,
         pg_acquire_timeout: limits.pg_acquire_timeout,
-        pg_async_run_commits: raw.pg_async_run_commits.unwrap_or(false),
+        pg_run_commits,
         listen: limits.listen,
         max_payload_bytes: limits.max_payload_bytes,
         max_request_bytes: limits.max_request_bytes,

@@ -52,6 +52,7 @@ pub(super) const ENV_KEYS: &[(&str, &str, Kind)] = &[
         "pg_acquire_timeout",
         Kind::Text,
     ),
+    ("HERALD_PG_RUN_COMMITS", "pg_run_commits", Kind::Text),
     (
         "HERALD_PG_ASYNC_RUN_COMMITS",
         "pg_async_run_commits",

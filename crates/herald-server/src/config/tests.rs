@@ -358,9 +358,10 @@ fn nats_and_pool_settings_have_defaults() {
     assert_eq!(n.ack_wait, c.worker.lease, "the ack wait is the lease");
     assert_eq!(c.pg_max_connections, 10);
     assert_eq!(c.pg_acquire_timeout, Duration::from_secs(10));
-    assert!(
-        !c.pg_async_run_commits,
-        "claims and settles wait for the flush by default"
+    assert_eq!(
+        c.pg_run_commits,
+        RunCommits::UnflushedClaims,
+        "claims skip the flush by default, settles wait for it"
     );
 }
 
@@ -370,7 +371,7 @@ fn nats_and_pool_settings_are_read_from_the_file_and_the_environment() {
     let creds = dir.path().join("herald.creds");
     std::fs::write(&creds, "").unwrap();
     let file = format!(
-        "queue = \"nats://n1:4222\"\nnats_replicas = 3\nnats_max_ack_pending = 250000\nnats_credentials = \"{}\"\npg_max_connections = 32\npg_acquire_timeout = \"2s\"\npg_async_run_commits = true\n",
+        "queue = \"nats://n1:4222\"\nnats_replicas = 3\nnats_max_ack_pending = 250000\nnats_credentials = \"{}\"\npg_max_connections = 32\npg_acquire_timeout = \"2s\"\npg_run_commits = \"unflushed\"\n",
         creds.display()
     );
     let c = load_with(Some(&file), &[], Overrides::default()).unwrap();
@@ -381,7 +382,7 @@ fn nats_and_pool_settings_are_read_from_the_file_and_the_environment() {
     assert_eq!(n.credentials, Some(creds.clone()));
     assert_eq!(c.pg_max_connections, 32);
     assert_eq!(c.pg_acquire_timeout, Duration::from_secs(2));
-    assert!(c.pg_async_run_commits);
+    assert_eq!(c.pg_run_commits, RunCommits::Unflushed);
     let c = load_with(
         Some(&file),
         &[
@@ -389,7 +390,7 @@ fn nats_and_pool_settings_are_read_from_the_file_and_the_environment() {
             ("HERALD_NATS_MAX_ACK_PENDING", "7"),
             ("HERALD_PG_MAX_CONNECTIONS", "4"),
             ("HERALD_PG_ACQUIRE_TIMEOUT", "500ms"),
-            ("HERALD_PG_ASYNC_RUN_COMMITS", "no"),
+            ("HERALD_PG_RUN_COMMITS", "flushed"),
         ],
         Overrides::default(),
     )
@@ -403,9 +404,29 @@ fn nats_and_pool_settings_are_read_from_the_file_and_the_environment() {
         (5, 7, 4)
     );
     assert_eq!(c.pg_acquire_timeout, Duration::from_millis(500));
-    assert!(
-        !c.pg_async_run_commits,
+    assert_eq!(
+        c.pg_run_commits,
+        RunCommits::Flushed,
         "the environment overrides the file"
+    );
+    let bad = |file: Option<&str>, env: &[(&str, &str)]| {
+        message(load_with(file, env, Overrides::default()))
+    };
+    let m = bad(Some("pg_run_commits = \"async\""), &[]);
+    assert!(
+        m.contains("pg_run_commits: \"async\" is not a way to commit runs: write \"unflushed-claims\" (the default), \"flushed\" or \"unflushed\""),
+        "{m}"
+    );
+    // The setting's earlier name is refused with the new one's equivalent.
+    let m = bad(Some("pg_async_run_commits = true"), &[]);
+    assert!(
+        m.contains("pg_async_run_commits: this setting is now pg_run_commits: write pg_run_commits = \"unflushed\" for true"),
+        "{m}"
+    );
+    let m = bad(None, &[("HERALD_PG_ASYNC_RUN_COMMITS", "false")]);
+    assert!(
+        m.starts_with("environment variable HERALD_PG_ASYNC_RUN_COMMITS: pg_async_run_commits: this setting is now pg_run_commits: write pg_run_commits = \"flushed\" for false"),
+        "{m}"
     );
     let c = load_with(
         None,
