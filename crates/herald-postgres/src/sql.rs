@@ -96,6 +96,13 @@ pub enum RunCommits {
 }
 
 impl RunCommits {
+    /// Every choice, from the most flushes to the fewest.
+    pub const ALL: [RunCommits; 3] = [
+        RunCommits::Flushed,
+        RunCommits::UnflushedClaims,
+        RunCommits::Unflushed,
+    ];
+
     /// The name `herald serve`'s `pg_run_commits` takes.
     pub fn name(self) -> &'static str {
         match self {
@@ -118,13 +125,9 @@ impl RunCommits {
 impl std::str::FromStr for RunCommits {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        [
-            RunCommits::Flushed,
-            RunCommits::UnflushedClaims,
-            RunCommits::Unflushed,
-        ]
-        .into_iter()
-        .find(|r| r.name() == s)
+        RunCommits::ALL
+            .into_iter()
+            .find(|r| r.name() == s)
         .ok_or_else(|| {
             format!(
                 "{s:?} is not a way to commit runs: write \"unflushed-claims\" (the default), \"flushed\" or \"unflushed\""
@@ -536,11 +539,7 @@ mod tests {
             RunCommits::UnflushedClaims => name == "claim",
             RunCommits::Unflushed => name == "claim" || name.starts_with("settle_"),
         };
-        for runs in [
-            RunCommits::Flushed,
-            RunCommits::UnflushedClaims,
-            RunCommits::Unflushed,
-        ] {
+        for runs in RunCommits::ALL {
             for (name, s) in Sql::new("\"x\"", runs).named() {
                 assert!(!s.contains("{nowait}"), "{name}: {s}");
                 assert_eq!(
@@ -554,11 +553,7 @@ mod tests {
 
     #[test]
     fn run_commits_read_their_names_and_refuse_others() {
-        for runs in [
-            RunCommits::Flushed,
-            RunCommits::UnflushedClaims,
-            RunCommits::Unflushed,
-        ] {
+        for runs in RunCommits::ALL {
             assert_eq!(runs.name().parse::<RunCommits>(), Ok(runs));
         }
         assert_eq!(RunCommits::default(), RunCommits::UnflushedClaims);
