@@ -125,14 +125,24 @@ impl RunCommits {
 impl std::str::FromStr for RunCommits {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        RunCommits::ALL
-            .into_iter()
-            .find(|r| r.name() == s)
-        .ok_or_else(|| {
-            format!(
-                "{s:?} is not a way to commit runs: write \"unflushed-claims\" (the default), \"flushed\" or \"unflushed\""
-            )
-        })
+        if let Some(runs) = RunCommits::ALL.into_iter().find(|r| r.name() == s) {
+            return Ok(runs);
+        }
+        let names: Vec<String> = RunCommits::ALL
+            .iter()
+            .map(|r| {
+                let default = if *r == RunCommits::default() {
+                    " (the default)"
+                } else {
+                    ""
+                };
+                format!("{:?}{default}", r.name())
+            })
+            .collect();
+        Err(format!(
+            "{s:?} is not a way to commit runs: write one of {}",
+            names.join(", ")
+        ))
     }
 }
 

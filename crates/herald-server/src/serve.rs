@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use herald::{Client, Context, Handler, MemoryQueue, Queue, Store, StoreError, Worker};
-use herald_postgres::{PgStore, RunCommits};
+use herald_postgres::PgStore;
 
 use crate::handlers::{self, HandlerConfig};
 use herald_sqlite::SqliteStore;
@@ -343,11 +343,10 @@ pub(crate) async fn open_store(config: &ServeConfig) -> Result<Arc<dyn Store>, S
                 .max_connections(config.pg_max_connections)
                 .acquire_timeout(config.pg_acquire_timeout);
             let runs = config.pg_run_commits;
-            match runs {
-                RunCommits::Flushed => tracing::info!("pg_run_commits = flushed: claims and settles wait for their WAL flush"),
-                RunCommits::UnflushedClaims => tracing::info!("pg_run_commits = unflushed-claims: claims commit without waiting for their WAL flush (a crash of PostgreSQL can run again the events whose claims it lost); settles and emits wait for it"),
-                RunCommits::Unflushed => tracing::info!("pg_run_commits = unflushed: claims and settles commit without waiting for their WAL flush; a crash of PostgreSQL can run again the events of its last ~600 ms"),
-            }
+            tracing::info!(
+                pg_run_commits = runs.name(),
+                "which run commits skip their WAL flush (emits never do; ADR 0012)"
+            );
             let store = PgStore::connect_with(pool, options, &config.pg_schema).await?;
             Arc::new(store.with_run_commits(runs))
         }

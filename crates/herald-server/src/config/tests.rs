@@ -414,7 +414,7 @@ fn nats_and_pool_settings_are_read_from_the_file_and_the_environment() {
     };
     let m = bad(Some("pg_run_commits = \"async\""), &[]);
     assert!(
-        m.contains("pg_run_commits: \"async\" is not a way to commit runs: write \"unflushed-claims\" (the default), \"flushed\" or \"unflushed\""),
+        m.contains("pg_run_commits: \"async\" is not a way to commit runs: write one of \"flushed\", \"unflushed-claims\" (the default), \"unflushed\""),
         "{m}"
     );
     // The setting's earlier name is refused with the new one's equivalent.
