@@ -13,12 +13,16 @@
 # ROUNDS times, and the medians are printed last:
 #
 #   schema    claim and settle_delete as migrated (since schema 10 they
-#             skip the ring leaves marked empty: here events_1 and
-#             events_cold are probed, events_2 and events_3 are not)
+#             skip the ring leaves marked empty, and since schema 12
+#             events_cold unless the ring's leaves lacked an id: here
+#             events_1 alone is probed)
+#   cold_too  both also probe events_cold in their first statement, as
+#             schema 11 did for every batch (schema 12 only)
 #   leaf      both probe only the leaf that holds the events (`e.leaf = 1`):
 #             what knowing each event's leaf would save (one partition's
 #             index probed per id)
-#   all       both probe every leaf, empty or not, as before schema 10
+#   all       both probe every leaf, empty or not, in one statement, as
+#             before schema 10
 #   no-rules  the claim without its rule check
 #   rule-each the claim with its rule check probed per row, as before
 #             schema 8
@@ -71,9 +75,20 @@ variant schema claim
 variant schema settle_delete
 variant leaf claim 's/WHERE e\.id = ANY(\$3)/WHERE e.id = ANY($3) AND e.leaf = 1/'
 variant leaf settle_delete 's/WHERE e\.id = ANY(\$1)/WHERE e.id = ANY($1) AND e.leaf = 1/'
-unprune='/AND (e\.leaf = 0$/,/l\.leaf = 3 AND NOT l\.empty))/d'
+# The ring leaves' condition (schema 10's starts with events_cold's leaf,
+# schema 12's first statement with the ring's first leaf).
+unprune='/AND (e\.leaf = \(0$\|(SELECT l\.leaf FROM ring_empty AS l WHERE l\.leaf = 1 \)/,/l\.leaf = 3 AND NOT l\.empty))/d'
 variant all claim "$unprune"
 variant all settle_delete "$unprune"
+variants="schema leaf all no_rules rule_each by_handler read harness"
+settles="settle_delete_schema settle_delete_leaf settle_delete_all"
+if [ "$(sql -c "SELECT prosrc LIKE '%GET DIAGNOSTICS%' FROM pg_proc WHERE oid = 'herald.claim'::regproc")" = t ]; then
+  cold_too='s/AND (e\.leaf = (SELECT l\.leaf FROM ring_empty AS l WHERE l\.leaf = 1 /AND (e.leaf = 0 OR e.leaf = (SELECT l.leaf FROM ring_empty AS l WHERE l.leaf = 1 /'
+  variant cold_too claim "$cold_too"
+  variant cold_too settle_delete "$cold_too"
+  variants="schema cold_too ${variants#schema }"
+  settles="$settles settle_delete_cold_too"
+fi
 variant no_rules claim '/AND ((SELECT NOT EXISTS (SELECT 1 FROM rules/,/OFFSET 0))/d'
 variant rule_each claim 's/(SELECT NOT EXISTS (SELECT 1 FROM rules AS h WHERE h\.handler = ANY(\$4)))/false/; s/AND e\.tenant = ANY(\$5))/AND false)/'
 variant by_handler claim 's/AND e\.tenant = ANY(\$5))/AND false)/'
@@ -88,7 +103,7 @@ SQL
 sql -c "INSERT INTO herald.rules (tenant, handler, kind, created_at)
         SELECT 'other-' || g, 'noop', 'pause', 0 FROM generate_series(1, 1000) AS g"
 sql -c "SELECT proname FROM pg_proc WHERE proname ~ '^(claim|settle_delete)_' ORDER BY 1" >"$work/made"
-for f in claim_schema claim_leaf claim_all claim_no_rules claim_rule_each claim_by_handler claim_read claim_harness settle_delete_schema settle_delete_leaf settle_delete_all; do
+for f in $(printf 'claim_%s ' $variants) $settles; do
   grep -qx "$f" "$work/made" || { echo "the variant $f was not made: has the function's text changed?" >&2; exit 1; }
 done
 
@@ -129,9 +144,9 @@ ms() {
 echo "load $(cut -d' ' -f1-3 /proc/loadavg); $COLD events in events_cold; 100,000 events, 200 claims and 200 settles of 500, ms"
 echo "round variant claim settle"
 for round in $(seq 1 "$ROUNDS"); do
-  for v in schema leaf all no_rules rule_each by_handler read harness; do
+  for v in $variants; do
     settle=settle_delete_schema
-    case $v in leaf | all) settle=settle_delete_$v ;; esac
+    case $v in leaf | all | cold_too) settle=settle_delete_$v ;; esac
     sql -f "$work/load.sql" >/dev/null
     sed "s/herald\.CLAIM(/herald.claim_$v(/" "$work/claims.sql" >"$work/c.sql"
     sed "s/herald\.SETTLE(/herald.$settle(/" "$work/settles.sql" >"$work/s.sql"
@@ -148,7 +163,7 @@ for round in $(seq 1 "$ROUNDS"); do
   done
 done
 echo "medians: variant claim settle"
-for v in schema leaf all no_rules rule_each by_handler read harness; do
+for v in $variants; do
   awk -v v="$v" '$2 == v {print $3, $4}' "$work/times" | python3 -c "
 import statistics, sys
 rows = [list(map(int, l.split())) for l in sys.stdin]

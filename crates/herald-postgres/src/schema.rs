@@ -19,6 +19,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0009_rule_check_by_tenant.sql"),
     include_str!("../migrations/0010_skip_empty_leaves.sql"),
     include_str!("../migrations/0011_retire_untouched_leaves.sql"),
+    include_str!("../migrations/0012_cold_only_when_missing.sql"),
 ];
 
 /// The newest schema version this build knows.

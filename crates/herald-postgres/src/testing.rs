@@ -177,12 +177,14 @@ pub async fn fresh_pg_store() -> Option<TestStore> {
     })
 }
 
-/// A herald function a statement calls: its body's statement, its settings
-/// and its parameter types.
+/// A statement a herald function runs: its body's statement, the
+/// function's settings and its parameter types.
 pub struct Routine {
-    /// Its name.
+    /// The function's name, and for a statement after its first, which one
+    /// (`claim, statement 2`).
     pub name: String,
-    /// The statement of its body (`BEGIN [RETURN QUERY] <statement>; …`).
+    /// The statement (`BEGIN [RETURN QUERY] <statement>; …`, and each later
+    /// `RETURN QUERY <statement>;`).
     pub body: String,
     /// Its own settings (`proconfig`, as `name=value`).
     pub settings: Vec<String>,
@@ -190,8 +192,10 @@ pub struct Routine {
     pub types: Vec<String>,
 }
 
-/// The functions of `schema` (quoted as `q` in `sql`) that `sql` calls,
-/// for EXPLAIN of the statements they run (tests/plans.rs, bench/pg-explain).
+/// The statements of the functions of `schema` (quoted as `q` in `sql`)
+/// that `sql` calls, for EXPLAIN (tests/plans.rs, bench/pg-explain): each
+/// function's first statement, then each later one it returns rows of
+/// (schema 12's second statement, over events_cold).
 pub async fn routines(conn: &mut PgConnection, schema: &str, q: &str, sql: &str) -> Vec<Routine> {
     let rows = sqlx::query(
         "SELECT p.proname::text, p.prosrc, coalesce(p.proconfig, '{}'), \
@@ -202,20 +206,31 @@ pub async fn routines(conn: &mut PgConnection, schema: &str, q: &str, sql: &str)
     .fetch_all(&mut *conn)
     .await
     .expect("the schema's functions");
-    rows.iter()
+    let statement = |s: &str| s.split(';').next().unwrap_or(s).trim().to_string();
+    let mut out = Vec::new();
+    for r in rows
+        .iter()
         .filter(|r| sql.contains(&format!("{q}.{}(", r.get::<String, _>(0))))
-        .map(|r| {
-            let src: String = r.get(1);
-            // plpgsql bodies are `BEGIN [RETURN QUERY] <statement>; …`.
-            let rest = src.split_once("BEGIN").map_or(src.as_str(), |(_, r)| r);
-            let rest = rest.trim_start().trim_start_matches("RETURN QUERY");
-            let body = rest.split(';').next().unwrap_or(rest).trim().to_string();
-            Routine {
-                name: r.get(0),
+    {
+        let name: String = r.get(0);
+        let src: String = r.get(1);
+        // plpgsql bodies are `[DECLARE …] BEGIN [RETURN QUERY] <statement>; …`.
+        let rest = src.split_once("BEGIN").map_or(src.as_str(), |(_, r)| r);
+        let rest = rest.trim_start().trim_start_matches("RETURN QUERY");
+        let mut bodies = vec![statement(rest)];
+        bodies.extend(rest.split("RETURN QUERY").skip(1).map(statement));
+        for (i, body) in bodies.into_iter().enumerate() {
+            out.push(Routine {
+                name: if i == 0 {
+                    name.clone()
+                } else {
+                    format!("{name}, statement {}", i + 1)
+                },
                 body,
                 settings: r.get(2),
                 types: r.get(3),
-            }
-        })
-        .collect()
+            });
+        }
+    }
+    out
 }
