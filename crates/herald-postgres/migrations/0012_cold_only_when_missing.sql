@@ -37,7 +37,9 @@
 -- the first part's rows were materialized twice, and the claim took 7 %
 -- longer with events_cold empty. Here the second statement is not planned
 -- into the first and runs only when needed; ROW_COUNT after RETURN QUERY
--- is the first's count.
+-- is the first's count. The second repeats the first but for the leaf
+-- condition, written out rather than built with EXECUTE: plpgsql keeps
+-- each written statement's plan, and EXECUTE would plan it on every call.
 
 CREATE OR REPLACE FUNCTION claim(uuid, bigint, uuid[], text[], text[]) RETURNS SETOF events
 LANGUAGE plpgsql VOLATILE

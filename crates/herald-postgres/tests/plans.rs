@@ -735,8 +735,8 @@ async fn the_hot_statements_look_in_events_cold_only_for_what_the_ring_did_not_h
         assert_eq!(rows, 128, "{name}: the ids in events_cold are found there");
         assert!(scans > 0, "{name}: events_cold scanned for its ids");
     }
-    // A fence that fails (a lease token no event holds) takes nothing,
-    // and so looks in events_cold too.
+    // A settle whose fence fails (a lease token no event holds) takes
+    // nothing, and so looks in events_cold too (the claim has no fence).
     let wrong = "'00000000-0000-4000-8000-000000000002'::uuid";
     for (name, call) in calls(&ring, 64, wrong).into_iter().skip(1) {
         let (rows, scans) = once(&call).await;
