@@ -109,6 +109,26 @@ case $phase in
       >"$(dirname "$MARKS")/statements.txt" ;;
 esac
 pg_ms=$(( $("$PG_CPU" --now) * 1000 / hz ))
+# The same CPU process by process at the timed part's two ends, so that a
+# drain's PostgreSQL CPU can be told apart by who spent it (the run's
+# connections, an autovacuum worker, the checkpointer, …): pg-cpu.PHASE
+# holds `PID TICKS TITLE` per server process, and for the postmaster also
+# `PID TICKS exited children` (what its ended children spent: an
+# autovacuum worker's run ends so); bench/pg-cpu-split.sh reads them.
+case $phase in
+  drain-start|drain-end|run-start|run-end)
+    for p in /proc/[0-9]*; do
+      exe=$(readlink "$p/exe" 2>/dev/null) || continue
+      case "$exe" in */bin/postgres) ;; *) continue ;; esac
+      s=$(cat "$p/stat" 2>/dev/null) || continue
+      title=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) || continue
+      s=${s##*) }
+      # shellcheck disable=SC2086
+      set -- $s
+      echo "${p#/proc/} $(( ${12} + ${13} )) $title"
+      case $title in *" -D "*) echo "${p#/proc/} $(( ${14} + ${15} )) exited children" ;; esac
+    done >"$(dirname "$MARKS")/pg-cpu.$phase" ;;
+esac
 # The statements and the shared buffers they touched (hit or read in):
 # work that, unlike CPU time, does not move with the machine's speed.
 read -r statements buffers < <(psql -qXtA -F ' ' "$ADMIN_URL" -c "SELECT coalesce(sum(calls), 0),

@@ -71,6 +71,9 @@ struct Row {
     /// The run directory's name without a repeat's `.runK`: the runs of
     /// one cell share it.
     cell: String,
+    /// Which round of a repeated sitting ran it (1 for the first, `.runK`
+    /// for the K-th): the runs of one round ran minutes apart.
+    round: u32,
     system: String,
     case: String,
     result: Value,
@@ -306,13 +309,15 @@ fn timed_phases(scenario: &str) -> (&'static str, &'static str) {
 fn read_run(dir: &Path) -> Option<Row> {
     let run = std::fs::read_to_string(dir.join("run.txt")).ok()?;
     let name = dir.file_name()?.to_string_lossy().into_owned();
-    let cell = round_of(&name).0.to_string();
+    let (cell, round) = round_of(&name);
+    let cell = cell.to_string();
     let mut lines = run.lines();
     let system = lines.next()?.to_string();
     let case = lines.next()?.to_string();
     if dir.join("failed").exists() {
         return Some(Row {
             cell,
+            round,
             system,
             case,
             result: Value::Null,
@@ -369,6 +374,7 @@ fn read_run(dir: &Path) -> Option<Row> {
     };
     Some(Row {
         cell,
+        round,
         system,
         case,
         result,
@@ -771,6 +777,33 @@ mod tests {
         assert!(md.contains("- herald-memory: 200 events/s, 2.50×"), "{md}");
         assert!(
             md.contains("| herald-memory | 10.0 | – | 1.40× | – | – | – |"),
+            "{md}"
+        );
+        // Paired by round: 13/9, 20/12, 14/10 = 1.44, 1.67, 1.40.
+        assert!(
+            md.contains("| herald-memory | 3 | – | 1.44× (1.40–1.67, 3) | – | – | – |"),
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn the_paired_ratios_take_each_run_against_its_own_rounds_clean_run() {
+        let dir = tempfile::tempdir().unwrap();
+        // A slow second round: every run there costs twice as much.
+        write_drain(dir.path(), "h.clean", 1000.0, 100.0, 10.0);
+        write_drain(dir.path(), "h.clean.run2", 1000.0, 100.0, 20.0);
+        write_drain(dir.path(), "h.clean.run3", 1000.0, 100.0, 11.0);
+        write_drain(dir.path(), "h.delayed", 1000.0, 100.0, 11.0);
+        write_drain(dir.path(), "h.delayed.run2", 1000.0, 100.0, 22.0);
+        write_drain(dir.path(), "h.delayed.run3", 1000.0, 100.0, 22.0);
+        // A run whose round has no clean run is not paired.
+        write_drain(dir.path(), "h.delayed.run4", 1000.0, 100.0, 50.0);
+        run_report(dir.path());
+        let md = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
+        // Medians: 22 / 11 = 2.00×; paired: 1.10, 1.10, 2.00.
+        assert!(md.contains("| h | 11.0 | 2.00× | – | – | – | – |"), "{md}");
+        assert!(
+            md.contains("| h | 3 | 1.10× (1.10–2.00, 3) | – | – | – | – |"),
             "{md}"
         );
     }

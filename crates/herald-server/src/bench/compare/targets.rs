@@ -1,10 +1,12 @@
 //! The report's reading of issue 14's drain and hard-case targets from the
 //! cells' medians: herald's drain against the best other queue's, and each
 //! system's PostgreSQL CPU per event in a hard case against its own clean
-//! drain's, and the same in shared buffers touched.
+//! drain's (also paired run by run within each round of a repeated
+//! sitting), and the same in shared buffers touched.
 
 use super::{
-    buffers_per_event, events_per_s, pg_cpu_per_1k, pg_cpu_per_1k_without_analyze, Cell, Mark, Row,
+    buffers_per_event, events_per_s, median, pg_cpu_per_1k, pg_cpu_per_1k_without_analyze, Cell,
+    Mark, Row,
 };
 
 /// A figure of one run (see [`Cell::median`]).
@@ -59,6 +61,17 @@ pub(super) fn targets(cells: &[Cell], md: &mut String) {
         );
         md.push_str(&cpu);
     }
+    let paired = paired_lines(cells, &systems);
+    if !paired.is_empty() {
+        md.push_str(
+            "\nThe same paired by round: each hard-case run against the clean run of its own \
+             round (minutes apart; a slow stretch of the machine falls on both), the median \
+             of those ratios and their range (mid-analyze without the ANALYZE's own):\n\n\
+             | system | rounds | delayed | paused | hold-tx | stale | mid-analyze |\n\
+             |---|---|---|---|---|---|---|\n",
+        );
+        md.push_str(&paired);
+    }
     let buffers = hard_case_lines(cells, &systems, buffers_per_event, None);
     if !buffers.is_empty() {
         md.push_str(
@@ -108,6 +121,58 @@ fn hard_case_lines(
             };
             any |= text.is_some();
             line.push_str(text.as_deref().unwrap_or(" – |"));
+        }
+        if any {
+            lines.push_str(&line);
+            lines.push('\n');
+        }
+    }
+    lines
+}
+
+/// One table line per system with more than one round of its clean drain:
+/// for each hard case, the ratio of each of its runs to the clean run of
+/// the same round, as the median and range of those ratios. A ratio of
+/// medians mixes rounds; this one compares runs that ran close together.
+fn paired_lines(cells: &[Cell], systems: &[&str]) -> String {
+    let runs = |system: &str, case: &str, f: Figure| -> Vec<(u32, f64)> {
+        cells
+            .iter()
+            .filter(|c| c.system() == system && c.case() == case)
+            .flat_map(|c| c.measured())
+            .filter_map(|(r, d)| Some((r.round, f(r, &d)?)))
+            .collect()
+    };
+    let mut lines = String::new();
+    for system in systems {
+        let clean = runs(system, "clean", pg_cpu_per_1k);
+        if clean.len() < 2 {
+            continue;
+        }
+        let mut line = format!("| {system} | {} |", clean.len());
+        let mut any = false;
+        for case in HARD_CASES {
+            let f: Figure = if case == "mid-analyze" {
+                pg_cpu_per_1k_without_analyze
+            } else {
+                pg_cpu_per_1k
+            };
+            let mut ratios: Vec<f64> = runs(system, case, f)
+                .iter()
+                .filter_map(|(round, v)| {
+                    let (_, base) = clean.iter().find(|(k, _)| k == round)?;
+                    Some(v / base)
+                })
+                .collect();
+            ratios.sort_by(f64::total_cmp);
+            let text = match (median(&ratios), ratios.first(), ratios.last()) {
+                (Some(m), Some(lo), Some(hi)) => {
+                    any = true;
+                    format!(" {m:.2}× ({lo:.2}–{hi:.2}, {}) |", ratios.len())
+                }
+                _ => " – |".to_string(),
+            };
+            line.push_str(&text);
         }
         if any {
             lines.push_str(&line);
