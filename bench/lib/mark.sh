@@ -114,7 +114,8 @@ pg_ms=$(( $("$PG_CPU" --now) * 1000 / hz ))
 # connections, an autovacuum worker, the checkpointer, …): pg-cpu.PHASE
 # holds `PID TICKS TITLE` per server process, and for the postmaster also
 # `PID TICKS exited children` (what its ended children spent: an
-# autovacuum worker's run ends so); bench/pg-cpu-split.sh reads them.
+# autovacuum worker's run ends so); bench/pg-cpu-split.sh and the
+# report (its own-connections table) read them.
 case $phase in
   drain-start|drain-end|run-start|run-end)
     for p in /proc/[0-9]*; do

@@ -13,6 +13,7 @@ use serde_json::Value;
 use super::chart;
 use super::BenchError;
 
+mod processes;
 mod targets;
 
 /// Options of `herald bench report`.
@@ -91,6 +92,9 @@ struct Row {
     /// herald's paused backlog: parking it, `after-backlog` to
     /// `backlog-parked` (untimed, before the drain).
     parking: Option<Mark>,
+    /// PostgreSQL's CPU, ms, that the run's own connections spent in the
+    /// timed part (`pg-cpu.PHASE` files; none in runs before them).
+    connections_ms: Option<f64>,
 }
 
 impl Row {
@@ -108,6 +112,13 @@ fn events_per_s(r: &Row, _: &Mark) -> Option<f64> {
 /// PostgreSQL's CPU per 1,000 events.
 fn pg_cpu_per_1k(r: &Row, d: &Mark) -> Option<f64> {
     r.per_1k(d.pg_cpu_ms)
+}
+
+/// PostgreSQL's CPU per 1,000 events that the run's own connections
+/// spent: without autovacuum, the checkpointer or a mid-drain ANALYZE
+/// (whose `psql` ends before the drain does).
+fn connections_cpu_per_1k(r: &Row, _: &Mark) -> Option<f64> {
+    r.per_1k(r.connections_ms?)
 }
 
 /// How many cores a drain kept busy, everything counted (PostgreSQL, the
@@ -327,6 +338,7 @@ fn read_run(dir: &Path) -> Option<Row> {
             samples: Vec::new(),
             victim: Value::Null,
             parking: None,
+            connections_ms: None,
         });
     }
     let stdout = std::fs::read_to_string(dir.join("stdout")).ok()?;
@@ -346,6 +358,11 @@ fn read_run(dir: &Path) -> Option<Row> {
     };
     let (from, to) = timed_phases(scenario);
     let delta = between(from, to);
+    let processes = |phase: &str| std::fs::read_to_string(dir.join(format!("pg-cpu.{phase}")));
+    let connections_ms = match (processes(from), processes(to)) {
+        (Ok(a), Ok(b)) => processes::connections_ms(&a, &b),
+        _ => None,
+    };
     let parking = between("after-backlog", "backlog-parked");
     let analyze_cpu_ms = std::fs::read_to_string(dir.join("analyze.txt"))
         .ok()
@@ -384,6 +401,7 @@ fn read_run(dir: &Path) -> Option<Row> {
         samples,
         victim,
         parking,
+        connections_ms,
     })
 }
 
@@ -804,6 +822,46 @@ mod tests {
         assert!(md.contains("| h | 11.0 | 2.00× | – | – | – | – |"), "{md}");
         assert!(
             md.contains("| h | 3 | 1.10× (1.10–2.00, 3) | – | – | – | – |"),
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn the_own_connections_table_reads_the_process_files_and_leaves_autovacuum_out() {
+        let dir = tempfile::tempdir().unwrap();
+        // Every run: 1,000 events; the connections spend `conn` ticks
+        // (10 ms each) and an autovacuum worker `av` more.
+        for (name, conn, av) in [
+            ("h.clean", 100, 0),
+            ("h.clean.run2", 120, 0),
+            ("h.delayed", 105, 300),
+            ("h.delayed.run2", 132, 0),
+        ] {
+            write_drain(dir.path(), name, 1000.0, 100.0, f64::from((conn + av) * 10));
+            let run = dir.path().join("runs").join(name);
+            std::fs::write(
+                run.join("pg-cpu.drain-start"),
+                "7 0 postgres: autovacuum worker d\n8 0 postgres: postgres d 127.0.0.1(1) idle\n",
+            )
+            .unwrap();
+            std::fs::write(
+                run.join("pg-cpu.drain-end"),
+                format!(
+                    "7 {av} postgres: autovacuum worker d\n8 {conn} postgres: postgres d 127.0.0.1(1) idle\n"
+                ),
+            )
+            .unwrap();
+        }
+        run_report(dir.path());
+        let md = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
+        // Whole CPU paired: 4050/1000 and 1320/1200 = 4.05, 1.10; the
+        // connections alone: 1.05, 1.10 (median 1.075).
+        assert!(
+            md.contains("| h | 2 | 2.58× (1.10–4.05, 2) | – | – | – | – |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| h | 2 | 1.08× (1.05–1.10, 2) | – | – | – | – |"),
             "{md}"
         );
     }

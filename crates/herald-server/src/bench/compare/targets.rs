@@ -5,8 +5,8 @@
 //! sitting), and the same in shared buffers touched.
 
 use super::{
-    buffers_per_event, events_per_s, median, pg_cpu_per_1k, pg_cpu_per_1k_without_analyze, Cell,
-    Mark, Row,
+    buffers_per_event, connections_cpu_per_1k, events_per_s, median, pg_cpu_per_1k,
+    pg_cpu_per_1k_without_analyze, Cell, Mark, Row,
 };
 
 /// A figure of one run (see [`Cell::median`]).
@@ -61,7 +61,12 @@ pub(super) fn targets(cells: &[Cell], md: &mut String) {
         );
         md.push_str(&cpu);
     }
-    let paired = paired_lines(cells, &systems);
+    let paired = paired_lines(
+        cells,
+        &systems,
+        pg_cpu_per_1k,
+        pg_cpu_per_1k_without_analyze,
+    );
     if !paired.is_empty() {
         md.push_str(
             "\nThe same paired by round: each hard-case run against the clean run of its own \
@@ -71,6 +76,22 @@ pub(super) fn targets(cells: &[Cell], md: &mut String) {
              |---|---|---|---|---|---|---|\n",
         );
         md.push_str(&paired);
+    }
+    let own = paired_lines(
+        cells,
+        &systems,
+        connections_cpu_per_1k,
+        connections_cpu_per_1k,
+    );
+    if !own.is_empty() {
+        md.push_str(
+            "\nThe same paired by round, counting only the CPU of the system's own connections \
+             (not autovacuum, which may start inside any drain on this production-like \
+             cluster, nor the checkpointer, the WAL writer or a mid-drain ANALYZE's own):\n\n\
+             | system | rounds | delayed | paused | hold-tx | stale | mid-analyze |\n\
+             |---|---|---|---|---|---|---|\n",
+        );
+        md.push_str(&own);
     }
     let buffers = hard_case_lines(cells, &systems, buffers_per_event, None);
     if !buffers.is_empty() {
@@ -131,10 +152,11 @@ fn hard_case_lines(
 }
 
 /// One table line per system with more than one round of its clean drain:
-/// for each hard case, the ratio of each of its runs to the clean run of
-/// the same round, as the median and range of those ratios. A ratio of
-/// medians mixes rounds; this one compares runs that ran close together.
-fn paired_lines(cells: &[Cell], systems: &[&str]) -> String {
+/// for each hard case, the ratio of each of its runs' `f` (mid-analyze's
+/// `mid_analyze`) to the clean run's `f` of the same round, as the median
+/// and range of those ratios. A ratio of medians mixes rounds; this one
+/// compares runs that ran close together.
+fn paired_lines(cells: &[Cell], systems: &[&str], f: Figure, mid_analyze: Figure) -> String {
     let runs = |system: &str, case: &str, f: Figure| -> Vec<(u32, f64)> {
         cells
             .iter()
@@ -145,17 +167,17 @@ fn paired_lines(cells: &[Cell], systems: &[&str]) -> String {
     };
     let mut lines = String::new();
     for system in systems {
-        let clean = runs(system, "clean", pg_cpu_per_1k);
+        let clean = runs(system, "clean", f);
         if clean.len() < 2 {
             continue;
         }
         let mut line = format!("| {system} | {} |", clean.len());
         let mut any = false;
         for case in HARD_CASES {
-            let f: Figure = if case == "mid-analyze" {
-                pg_cpu_per_1k_without_analyze
+            let f = if case == "mid-analyze" {
+                mid_analyze
             } else {
-                pg_cpu_per_1k
+                f
             };
             let mut ratios: Vec<f64> = runs(system, case, f)
                 .iter()
