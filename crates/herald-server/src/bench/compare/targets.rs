@@ -2,7 +2,8 @@
 //! cells' medians: herald's drain against the best other queue's, and each
 //! system's PostgreSQL CPU per event in a hard case against its own clean
 //! drain's (also paired run by run within each round of a repeated
-//! sitting), and the same in shared buffers touched.
+//! sitting, in PostgreSQL's whole CPU and in the system's own
+//! connections' alone), and the same in shared buffers touched.
 
 use super::{
     buffers_per_event, connections_cpu_per_1k, events_per_s, median, pg_cpu_per_1k,
