@@ -26,9 +26,10 @@ for dir in "$@"; do
       if (title ~ /background writer/) return "bgwriter"
       if (title ~ / -D /) return "postmaster"
       if (title ~ /^postgres: [^ ]+: /) return "other-cluster"
-      if (title ~ /^postgres: [^ ]+ [^ ]+ [0-9.]+\(/) return "connections"
+      if (title ~ /^postgres: [^ ]+ [^ ]+ ([0-9.]+\(|\[local\])/) return "connections"
       return "other"
     }
+    /^#/ { next }  # the file'"'"'s `# hz N`: this machine'"'"'s rate is used
     { pid = $1; ticks = $2; $1 = ""; $2 = ""; sub(/^  /, ""); r = role($0)
       key = pid " " r }
     FNR == NR { before[key] = ticks; alive[pid] = ticks; next }

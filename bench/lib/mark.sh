@@ -114,10 +114,12 @@ pg_ms=$(( $("$PG_CPU" --now) * 1000 / hz ))
 # connections, an autovacuum worker, the checkpointer, …): pg-cpu.PHASE
 # holds `PID TICKS TITLE` per server process, and for the postmaster also
 # `PID TICKS exited children` (what its ended children spent: an
-# autovacuum worker's run ends so); bench/pg-cpu-split.sh and the
-# report (its own-connections table) read them.
+# autovacuum worker's run ends so), after a first line `# hz N` (the
+# ticks' clock rate); bench/pg-cpu-split.sh and the report (its
+# own-connections table) read them.
 case $phase in
   drain-start|drain-end|run-start|run-end)
+    echo "# hz $hz" >"$(dirname "$MARKS")/pg-cpu.$phase"
     for p in /proc/[0-9]*; do
       exe=$(readlink "$p/exe" 2>/dev/null) || continue
       case "$exe" in */bin/postgres) ;; *) continue ;; esac
@@ -128,7 +130,7 @@ case $phase in
       set -- $s
       echo "${p#/proc/} $(( ${12} + ${13} )) $title"
       case $title in *" -D "*) echo "${p#/proc/} $(( ${14} + ${15} )) exited children" ;; esac
-    done >"$(dirname "$MARKS")/pg-cpu.$phase" ;;
+    done >>"$(dirname "$MARKS")/pg-cpu.$phase" ;;
 esac
 # The statements and the shared buffers they touched (hit or read in):
 # work that, unlike CPU time, does not move with the machine's speed.

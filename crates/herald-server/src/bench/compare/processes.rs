@@ -5,9 +5,9 @@
 
 use std::collections::BTreeMap;
 
-/// Clock ticks per second of `/proc/PID/stat` (`getconf CLK_TCK`): 100 on
-/// every Linux the benchmarks run on; a file may say otherwise with a
-/// first line `# hz N`.
+/// Clock ticks per second of `/proc/PID/stat` when a file does not say
+/// (mark.sh writes `# hz N`, `getconf CLK_TCK`, first; files of the first
+/// runs that recorded processes lack it): 100 on every Linux here.
 const DEFAULT_HZ: f64 = 100.0;
 
 /// The CPU, in ms, that the client connections spent from `start` to
