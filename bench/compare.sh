@@ -44,7 +44,8 @@
 #   emulator, and where it differs"); streaming is the real service's default.
 # OUT (default bench-results/compare-DATE), PORT (54331), PG_CPU,
 # PEERS_TARGET (the peers' cargo target directory, default target/peers),
-# BUILD=0 (use the binaries already built).
+# BUILD=0 (use the binaries already built), WARM=0 (do not touch the
+# memory first, bench/lib/warm-memory.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -91,6 +92,16 @@ for s in $SYSTEMS; do
   fi
 done
 
+# Every page of memory touched once before the first run, so that the
+# first rounds do not pay the VM's first-touch faults the later ones do
+# not (bench/lib/warm-memory.sh says why). WARM=0 skips it.
+WARMED="not touched (WARM=0)"
+if [ "${WARM:-1}" != 0 ]; then
+  echo "== touching the available memory once (bench/lib/warm-memory.sh)"
+  read -r gib secs < <(bash bench/lib/warm-memory.sh)
+  WARMED="$gib GiB touched in $secs s before the first run"
+fi
+
 NATS_PID=
 NATS_DIR=
 PUBSUB_PID=
@@ -131,7 +142,7 @@ psql -qX "$ADMIN_URL" -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"
   echo "date: $(date -u +%FT%TZ)"
   echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
   echo "cpu: $(nproc) x $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
-  echo "memory: $(free -g | awk '/Mem:/ {print $2}') GiB"
+  echo "memory: $(free -g | awk '/Mem:/ {print $2}') GiB, $WARMED"
   echo "postgres: $("$PG_BIN/postgres" --version)"
   echo "node: $(node --version 2>/dev/null || echo none)"
   echo "nats: $(nats-server --version 2>/dev/null || echo none)"
