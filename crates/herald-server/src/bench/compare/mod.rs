@@ -195,6 +195,16 @@ fn median(sorted: &[f64]) -> Option<f64> {
     }
 }
 
+/// Decimals that show a figure below 1 to two significant digits: a
+/// drain's statements per event are thousandths, which `0.00` would
+/// print as none.
+fn two_significant(v: Option<f64>) -> usize {
+    match v {
+        Some(v) if v > 0.0 && v < 1.0 => ((-v.log10()).ceil() as usize + 1).min(6),
+        _ => 2,
+    }
+}
+
 /// Rows in report order grouped into cells (the runs of a cell are next
 /// to each other in that order).
 fn cells(rows: &[Row]) -> Vec<Cell<'_>> {
@@ -253,7 +263,8 @@ fn table(cells: &[Cell], md: &mut String) {
             }
             _ => "–".into(),
         };
-        let statements = c.figure(|r, d| (r.events > 0.0).then(|| d.statements / r.events), 2);
+        let per_event = |r: &Row, d: &Mark| (r.events > 0.0).then(|| d.statements / r.events);
+        let statements = c.figure(per_event, two_significant(median(&c.values(per_event))));
         let buffers = c.figure(buffers_per_event, 1);
         let idle = if scenario == "idle" && d.wall_ms > 0.0 {
             format!(
@@ -802,6 +813,27 @@ mod tests {
             md.contains("| herald-memory | 3 | – | 1.44× (1.40–1.67, 3) | – | – | – |"),
             "{md}"
         );
+    }
+
+    #[test]
+    fn statements_per_event_below_one_show_two_significant_digits() {
+        let dir = tempfile::tempdir().unwrap();
+        // 640 statements for 200,000 events: 0.0032 per event, not 0.00.
+        write_run(
+            dir.path(),
+            "h.clean",
+            "{\"scenario\":\"drain\",\"events\":200000,\"events_per_s\":100000}\n",
+            "drain-start 0 0 0 0 0\ndrain-end 2000 1000 640 0 0\n",
+        );
+        write_drain(dir.path(), "g.clean", 1000.0, 100.0, 10.0);
+        run_report(dir.path());
+        let md = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
+        assert!(md.contains("| 5.0 | 0.0032 |"), "{md}");
+        assert!(md.contains("| 10.0 | 1.00 |"), "{md}");
+        assert_eq!(two_significant(Some(0.1)), 2);
+        assert_eq!(two_significant(Some(0.099)), 3);
+        assert_eq!(two_significant(Some(2.96)), 2);
+        assert_eq!(two_significant(None), 2);
     }
 
     #[test]
