@@ -3,16 +3,15 @@
 # before a sitting (bench/compare.sh calls it; WARM=0 skips it). Prints
 # `GIB SECONDS` of the touch.
 #
-# Why: on these VMs (Firecracker, KVM) a guest page's first touch after
-# boot costs about 7x a later one (2026-12-07: writing 4 GiB to tmpfs took
-# 15-16 s, 10-11 s of it system time, the first time, 2 s every time
-# after, the pages freed in between). A sitting's first rounds grow the
-# page cache (every backlog's load and WAL) into memory never touched
-# since boot, and the process that writes pays the fault in system time:
-# PostgreSQL's backends and WAL writer, herald, each peer. Rounds then cost
-# 15-35 % more per event than later ones at the same buffers
-# (docs/benchmarks.md, "Who spends the drain's PostgreSQL CPU, and the
-# rounds' drift"). Touched once here, every run pays the same.
+# Why: on these VMs (Firecracker, KVM) a page's first touch since boot
+# costs about 3.8 s a GiB, twice what a page given back to the host by
+# free page reporting costs (1.9 s) and six times one touched again at
+# once (0.6 s; 2026-12-07, docs/benchmarks.md, "The one command"). A
+# sitting's first rounds grow the page cache (every backlog's load and
+# WAL) into memory never touched since boot, and the process that writes
+# pays the fault in system time: PostgreSQL's backends and WAL writer,
+# herald, each peer. Touched once here, no run pays the once-per-boot
+# part; the rest every run pays alike.
 #
 #   WARM_MARGIN_MB (2048): memory left untouched, so that nothing else on
 #   the machine runs out while the touch holds the rest.
