@@ -98,8 +98,13 @@ done
 WARMED="not touched (WARM=0)"
 if [ "${WARM:-1}" != 0 ]; then
   echo "== touching the available memory once (bench/lib/warm-memory.sh)"
-  read -r gib secs < <(bash bench/lib/warm-memory.sh)
-  WARMED="$gib GiB touched in $secs s before the first run"
+  # A touch that failed (killed for memory, say) is written down, not
+  # fatal: the sitting is still valid, only its first rounds dearer.
+  if read -r gib secs < <(bash bench/lib/warm-memory.sh) && [ -n "${secs:-}" ]; then
+    WARMED="$gib GiB touched in $secs s before the first run"
+  else
+    WARMED="the memory touch failed (bench/lib/warm-memory.sh)"
+  fi
 fi
 
 NATS_PID=
