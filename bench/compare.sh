@@ -92,18 +92,18 @@ for s in $SYSTEMS; do
   fi
 done
 
-# Every page of memory touched once before the first run, so that the
-# first rounds do not pay the VM's first-touch faults the later ones do
-# not (bench/lib/warm-memory.sh says why). WARM=0 skips it.
+# Every page of memory touched once before the first run, so that no
+# run pays the VM's once-per-boot first-touch faults
+# (bench/lib/warm-memory.sh says why). WARM=0 skips it.
 WARMED="not touched (WARM=0)"
 if [ "${WARM:-1}" != 0 ]; then
   echo "== touching the available memory once (bench/lib/warm-memory.sh)"
-  # A touch that failed (killed for memory, say) is written down, not
-  # fatal: the sitting is still valid, only its first rounds dearer.
-  if read -r gib secs < <(bash bench/lib/warm-memory.sh) && [ -n "${secs:-}" ]; then
+  # A touch that did nothing (no python3, killed for memory) is written
+  # down, not fatal: the sitting is still valid, its first rounds dearer.
+  if read -r gib secs < <(bash bench/lib/warm-memory.sh); then
     WARMED="$gib GiB touched in $secs s before the first run"
   else
-    WARMED="the memory touch failed (bench/lib/warm-memory.sh)"
+    WARMED="not touched (bench/lib/warm-memory.sh said why on stderr)"
   fi
 fi
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Touches the machine's available memory once, all of it at the same time,
 # before a sitting (bench/compare.sh calls it; WARM=0 skips it). Prints
-# `GIB SECONDS` of the touch.
+# `GIB SECONDS` of the touch, or nothing (and why, on stderr) when it
+# touched nothing.
 #
 # Why: on these VMs (Firecracker, KVM) a page's first touch since boot
 # costs about 3.8 s a GiB, twice what a page given back to the host by
@@ -19,10 +20,10 @@ set -euo pipefail
 margin_kb=$(( ${WARM_MARGIN_MB:-2048} * 1024 ))
 avail_kb=$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)
 if [ "$avail_kb" -le "$margin_kb" ]; then
-  echo "0 0"
+  echo "warm-memory: only $((avail_kb / 1024)) MB available, within the margin: nothing touched" >&2
   exit 0
 fi
-command -v python3 >/dev/null || { echo "warm-memory: no python3, memory not touched" >&2; echo "0 0"; exit 0; }
+command -v python3 >/dev/null || { echo "warm-memory: no python3: nothing touched" >&2; exit 0; }
 python3 - $(( (avail_kb - margin_kb) * 1024 )) <<'PY'
 import mmap, sys, time
 page = mmap.PAGESIZE
