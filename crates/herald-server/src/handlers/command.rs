@@ -1,6 +1,7 @@
 //! The command handler: run a program for each event.
 //!
-//! `program args…` runs with the event's payload on stdin (then closed) and
+//! `program args…` runs with the event's payload on stdin (a file holding the
+//! whole payload from the program's start) and
 //! its metadata in the environment (on top of herald's own):
 //!
 //! | variable | value |
@@ -40,7 +41,10 @@
 //!
 //! A run's group also ends when the server dies, however it dies: the
 //! server reports each group to its [run watchdog](super::watchdog), which
-//! kills the live ones when the server is gone.
+//! kills the live ones when the server is gone. The program itself starts
+//! behind a [gate](super::gate) only once the watchdog has its group and
+//! the whole payload is in hand, so a server killed at the spawn leaves no
+//! program running and none runs on part of its payload.
 
 use std::future::Future;
 use std::os::unix::fs::PermissionsExt;
@@ -59,8 +63,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStderr};
 use tokio::signal::unix::{signal, SignalKind};
 
+use super::gate;
 use super::leftovers::SERVER_ID_VAR;
-use super::watchdog::RunWatch;
+use super::watchdog::{Registration, RunWatch};
 use super::{show, ConfigError, EventMeta};
 use herald::{Context, Outcome};
 
@@ -127,6 +132,8 @@ pub struct CommandHandler {
     snooze_for: Duration,
     fail_exit_code: Option<i32>,
     watch: RunWatch,
+    /// The executable started as each watched run's gate.
+    gate: PathBuf,
 }
 
 impl CommandHandler {
@@ -173,6 +180,7 @@ impl CommandHandler {
             snooze_for: config.snooze_for,
             fail_exit_code: config.fail_exit_code.map(Into::into),
             watch: RunWatch::none(),
+            gate: PathBuf::from("/proc/self/exe"),
         })
     }
 
@@ -180,6 +188,14 @@ impl CommandHandler {
     /// the server; runs carry its server id as `HERALD_SERVER_ID`.
     pub fn watched_by(mut self, watch: RunWatch) -> Self {
         self.watch = watch;
+        self
+    }
+
+    /// Starts watched runs behind `program` as their [gate](super::gate):
+    /// by default this very program (`/proc/self/exe`, which must call
+    /// [`super::watchdog::run_if_asked`] first thing), or a `herald` binary.
+    pub fn gated_by(mut self, program: impl Into<PathBuf>) -> Self {
+        self.gate = program.into();
         self
     }
 
@@ -208,11 +224,33 @@ impl CommandHandler {
         let sigchld = signal(SignalKind::child())
             .inspect_err(|e| tracing::warn!("cannot listen for SIGCHLD ({e}); polling instead"))
             .ok();
-        let mut command = tokio::process::Command::new(&self.program);
+        // Watched, the program starts behind the gate, which waits for the
+        // registration and the payload; unwatched (nothing to register),
+        // it starts at once with the payload's file as stdin.
+        let gated = self.watch.is_watching();
+        let mut command = if gated {
+            let mut gate = tokio::process::Command::new(&self.gate);
+            if self.gate.as_os_str() == "/proc/self/exe" {
+                // Named as itself in `ps`, not as /proc/self/exe.
+                if let Ok(exe) = std::env::current_exe() {
+                    gate.arg0(exe);
+                }
+            }
+            gate.arg(gate::SUBCOMMAND).arg(&self.program);
+            gate.stdin(Stdio::piped());
+            gate
+        } else {
+            let stdin = match gate::payload_file(payload.as_bytes()) {
+                Ok(fd) => fd,
+                Err(e) => return Outcome::retry(format!("cannot hold the payload: {e}")),
+            };
+            let mut direct = tokio::process::Command::new(&self.program);
+            direct.stdin(Stdio::from(stdin));
+            direct
+        };
         command
             .args(&self.args)
             .process_group(0)
-            .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .env("HERALD_EVENT_ID", &meta.event_id)
@@ -234,25 +272,36 @@ impl CommandHandler {
             return Outcome::retry(format!("command {} vanished at start", self.program));
         };
         let pid = group.pgid;
-
+        tokio::pin!(cancelled);
+        if let Some(registration) = group.registration.take() {
+            // Until the watchdog has the group, the gate holds the program
+            // back: a server killed meanwhile leaves nothing running.
+            tokio::select! {
+                r = registration => if r.is_err() {
+                    return Outcome::retry("the run watchdog is gone: command not started");
+                },
+                _ = &mut cancelled => return Outcome::Snooze(Duration::ZERO),
+            }
+        }
         let mut tail = Tail::default();
         let (end, status) = {
-            let write_stdin = async {
+            // Only the gate has a pipe for stdin; it starts the program once
+            // it has read the whole frame.
+            let write_frame = async {
                 if let Some(mut stdin) = stdin {
-                    // A command may well not read its stdin: that is its business.
-                    if let Err(e) = stdin.write_all(payload.as_bytes()).await {
-                        tracing::debug!("command did not take its whole stdin: {e}");
+                    if let Err(e) = stdin.write_all(&gate::frame(payload.as_bytes())).await {
+                        tracing::debug!("the gate did not take its frame: {e}");
                     }
                 }
             };
             let read_stderr = read_tail(stderr.as_mut(), &mut tail);
             let exited = wait_exited(pid, sigchld);
             let deadline = tokio::time::sleep(self.timeout);
-            tokio::pin!(write_stdin, read_stderr, exited, deadline, cancelled);
-            let (mut stdin_done, mut stderr_done) = (false, false);
+            tokio::pin!(write_frame, read_stderr, exited, deadline);
+            let (mut frame_done, mut stderr_done) = (false, false);
             let end = loop {
                 tokio::select! {
-                    _ = &mut write_stdin, if !stdin_done => stdin_done = true,
+                    _ = &mut write_frame, if !frame_done => frame_done = true,
                     _ = &mut read_stderr, if !stderr_done => stderr_done = true,
                     r = &mut exited => break r.map_or_else(End::WaitFailed, |()| End::Exited),
                     _ = &mut deadline => break End::TimedOut,
@@ -343,20 +392,25 @@ struct ProcessGroup {
     pgid: Pid,
     armed: bool,
     watch: RunWatch,
-    /// Whether the watchdog still counts this group as live.
+    /// Whether the watchdog was told of this group and not yet of its end.
     watched: bool,
+    /// Resolves once the watchdog has the group (`None`: unwatched, or
+    /// already taken).
+    registration: Option<Registration>,
 }
 
 impl ProcessGroup {
+    /// Takes the spawned `child` and reports its group to `watch`.
     fn new(child: Child, watch: RunWatch) -> Option<Self> {
         let pid = i32::try_from(child.id()?).ok()?;
-        watch.started(pid);
+        let registration = watch.started(pid);
         Some(ProcessGroup {
             child,
             pgid: Pid::from_raw(pid),
             armed: true,
+            watched: registration.is_some(),
             watch,
-            watched: true,
+            registration,
         })
     }
 
@@ -613,6 +667,117 @@ pub(crate) mod tests {
                 meta.event_id, meta.lease_token
             )
         );
+    }
+
+    /// The `herald` binary beside this test binary (`cargo test` builds
+    /// it with the package's other targets): the real gate.
+    fn herald_binary() -> PathBuf {
+        let exe = std::env::current_exe().unwrap();
+        let bin = exe.parent().unwrap().parent().unwrap().join("herald");
+        assert!(
+            bin.exists(),
+            "{} is missing: run the tests with cargo test -p herald-server",
+            bin.display()
+        );
+        bin
+    }
+
+    #[tokio::test]
+    async fn the_whole_payload_is_on_stdin_as_a_file_when_the_program_begins() {
+        // A pipe would show size 0 at the start, and a payload written into
+        // it by a server that dies halfway would end early.
+        let payload = "x".repeat(300_000);
+        for watched in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let config = sh(
+                r#"stat -L -c %s /dev/stdin > "$1/size"; wc -c < /dev/stdin > "$1/read""#,
+                dir.path(),
+            );
+            let mut handler = CommandHandler::new("resize", &config).unwrap();
+            let held = if watched {
+                let (watch, held) = RunWatch::held("0123456789abcdef");
+                handler = handler.watched_by(watch).gated_by(herald_binary());
+                Some(std::thread::spawn(move || {
+                    // Acknowledge every registration, as a live watchdog would.
+                    while let Some((_, ack)) = held.next(Duration::from_secs(20)) {
+                        if let Some(ack) = ack {
+                            let _ = ack.send(());
+                        }
+                    }
+                }))
+            } else {
+                None
+            };
+            let out = handler.run(&payload, &meta(), std::future::pending()).await;
+            assert_eq!(out, Outcome::Done, "watched: {watched}");
+            for file in ["size", "read"] {
+                let text = std::fs::read_to_string(dir.path().join(file)).unwrap();
+                assert_eq!(text.trim(), "300000", "{file}, watched: {watched}");
+            }
+            drop(handler);
+            if let Some(t) = held {
+                t.join().unwrap();
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_watched_program_begins_only_once_the_watchdog_has_its_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = sh(r#"echo $$ > "$1/began""#, dir.path());
+        let (watch, held) = RunWatch::held("0123456789abcdef");
+        let handler = CommandHandler::new("resize", &config)
+            .unwrap()
+            .watched_by(watch)
+            .gated_by(herald_binary());
+        let began = dir.path().join("began");
+        let checker = {
+            let began = began.clone();
+            std::thread::spawn(move || {
+                let (line, ack) = held.next(Duration::from_secs(20)).expect("a registration");
+                assert!(line.starts_with('+'), "{line}");
+                let pgid: i32 = line[1..].parse().unwrap();
+                // The group exists (its gate runs) but the program has not
+                // begun: a server killed now would leave nothing running.
+                std::thread::sleep(Duration::from_millis(500));
+                assert!(alive(pgid), "the gate is running");
+                assert!(!began.exists(), "the program began before its registration");
+                ack.expect("a registration waits").send(()).unwrap();
+                let (line, _) = held.next(Duration::from_secs(20)).expect("its end");
+                assert_eq!(line, format!("-{pgid}"));
+                pgid
+            })
+        };
+        let out = handler.run("{}", &meta(), std::future::pending()).await;
+        assert_eq!(out, Outcome::Done);
+        let pgid = checker.join().unwrap();
+        let text = std::fs::read_to_string(&began).unwrap();
+        assert_eq!(
+            text.trim(),
+            pgid.to_string(),
+            "the program is the gate's process"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_gate_whose_server_never_sends_the_frame_runs_nothing() {
+        // The server dies (here: the run is dropped) before the watchdog
+        // has the group: the gate reads EOF and never starts the program.
+        let dir = tempfile::tempdir().unwrap();
+        let gate = std::process::Command::new(herald_binary())
+            .args([gate::SUBCOMMAND, "/bin/sh", "-c"])
+            .arg(format!("touch {}/began", dir.path().display()))
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut gate = gate;
+        // Half a frame, then the pipe closes.
+        let mut stdin = gate.stdin.take().unwrap();
+        std::io::Write::write_all(&mut stdin, &gate::frame(b"{\"a\":1}")[..10]).unwrap();
+        drop(stdin);
+        let status = gate.wait().unwrap();
+        assert_eq!(status.code(), Some(i32::from(gate::NOT_STARTED)));
+        assert!(!dir.path().join("began").exists());
     }
 
     #[tokio::test]

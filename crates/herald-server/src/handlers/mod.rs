@@ -29,6 +29,7 @@
 //! The operator's guide is `docs/handlers.md`.
 
 pub mod command;
+pub mod gate;
 pub mod leftovers;
 pub mod watchdog;
 pub mod webhook;

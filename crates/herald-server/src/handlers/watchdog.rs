@@ -82,7 +82,8 @@ impl Change {
 }
 
 /// For a program that embeds herald's command handlers: the watchdog is
-/// this same executable started as `PROGRAM watch-runs`, so such a program
+/// this same executable started as `PROGRAM watch-runs`, and so is each
+/// run's [gate](super::gate) (`PROGRAM exec-run`), so such a program
 /// calls this first thing in `main`, before any thread starts, and returns
 /// the exit code it gives:
 ///
@@ -96,6 +97,9 @@ impl Change {
 /// }
 /// ```
 pub fn run_if_asked() -> Option<ExitCode> {
+    if let Some(code) = super::gate::run_if_asked() {
+        return Some(code);
+    }
     let asked = std::env::args_os().nth(1).is_some_and(|a| a == SUBCOMMAND);
     asked.then(|| {
         let groups: Vec<String> = std::env::args().skip(2).collect();
@@ -163,7 +167,8 @@ struct Watched {
 }
 
 enum Message {
-    Change(Change),
+    /// A change, and who waits until a live watchdog has it.
+    Change(Change, Option<Registered>),
     /// The watchdog of this generation is gone (its stdout closed).
     Gone(u64),
 }
@@ -193,26 +198,78 @@ impl RunWatch {
         RunWatch { inner: None }
     }
 
+    /// A watch whose reports the test reads and acknowledges itself, as the
+    /// keeper thread would once a watchdog has them.
+    #[cfg(test)]
+    pub(crate) fn held(server_id: &str) -> (RunWatch, HeldReports) {
+        let (to_keeper, inbox) = mpsc::channel();
+        let watch = RunWatch {
+            inner: Some(Arc::new(Watched {
+                to_keeper,
+                server_id: server_id.to_string(),
+            })),
+        };
+        (watch, HeldReports(inbox))
+    }
+
     /// The id runs carry as `HERALD_SERVER_ID`, if watched.
     pub fn server_id(&self) -> Option<&str> {
         self.inner.as_ref().map(|w| w.server_id.as_str())
     }
 
-    /// A command's process group `pgid` has started.
-    pub fn started(&self, pgid: i32) {
-        self.send(Change::Started(pgid));
+    /// Whether runs are reported to a watchdog (else they need no gate).
+    pub fn is_watching(&self) -> bool {
+        self.inner.is_some()
+    }
+
+    /// A command's process group `pgid` has started: reports it, and
+    /// returns what resolves once a live watchdog has the group (its
+    /// `+PGID` line is in the watchdog's pipe, or on the command line of a
+    /// watchdog started since), from when the group is killed if the
+    /// server dies. It resolves to an error if that never happens (the
+    /// watch's thread is gone). Without a watchdog ([`RunWatch::none`]),
+    /// `None`: nothing to wait for.
+    pub fn started(&self, pgid: i32) -> Option<Registration> {
+        let w = self.inner.as_ref()?;
+        let (registered, ack) = tokio::sync::oneshot::channel();
+        // A failed send drops `registered`: `ack` then resolves to an error.
+        let _ = w
+            .to_keeper
+            .send(Message::Change(Change::Started(pgid), Some(registered)));
+        Some(ack)
     }
 
     /// Process group `pgid` is gone (or has been sent `SIGKILL`).
     pub fn ended(&self, pgid: i32) {
-        self.send(Change::Ended(pgid));
-    }
-
-    fn send(&self, change: Change) {
         if let Some(w) = &self.inner {
             // Fails only if the keeper thread is gone, which it is not
             // while a sender exists: it has one itself.
-            let _ = w.to_keeper.send(Message::Change(change));
+            let _ = w.to_keeper.send(Message::Change(Change::Ended(pgid), None));
+        }
+    }
+}
+
+/// Told when a live watchdog has a change.
+type Registered = tokio::sync::oneshot::Sender<()>;
+
+/// Resolves once a live watchdog has a started group; see
+/// [`RunWatch::started`].
+pub type Registration = tokio::sync::oneshot::Receiver<()>;
+
+/// What a [`RunWatch::held`] reported, for a test to take in order.
+#[cfg(test)]
+pub(crate) struct HeldReports(Receiver<Message>);
+
+#[cfg(test)]
+impl HeldReports {
+    /// The next report within `wait`: `+PGID` or `-PGID`, and the
+    /// acknowledgement a registration waits for.
+    pub(crate) fn next(&self, wait: Duration) -> Option<(String, Option<Registered>)> {
+        match self.0.recv_timeout(wait).ok()? {
+            Message::Change(change, registered) => {
+                Some((change.line().trim_end().to_string(), registered))
+            }
+            Message::Gone(_) => None,
         }
     }
 }
@@ -295,6 +352,8 @@ fn keep(first: Watchdog, inbox: Receiver<Message>, feedback: Sender<Message>) {
     let mut live = BTreeSet::new();
     let mut current = Some(first);
     let mut generation = 0;
+    // Registrations made while no watchdog runs: told once one does.
+    let mut waiting: Vec<Registered> = Vec::new();
     loop {
         let message = if current.is_some() {
             match inbox.recv() {
@@ -311,12 +370,23 @@ fn keep(first: Watchdog, inbox: Receiver<Message>, feedback: Sender<Message>) {
         };
         let mut lost: Option<String> = None;
         match message {
-            Some(Message::Change(change)) => {
+            Some(Message::Change(change, registered)) => {
                 change.apply(&mut live);
-                if let Some(w) = current.as_mut() {
-                    if let Err(e) = w.stdin.write_all(change.line().as_bytes()) {
-                        lost = Some(format!("writing to it failed: {e}"));
-                    }
+                let written = match current.as_mut() {
+                    Some(w) => match w.stdin.write_all(change.line().as_bytes()) {
+                        Ok(()) => true,
+                        Err(e) => {
+                            lost = Some(format!("writing to it failed: {e}"));
+                            false
+                        }
+                    },
+                    None => false,
+                };
+                match registered {
+                    // The receiver may be gone (a run given up): no matter.
+                    Some(r) if written => drop(r.send(())),
+                    Some(r) => waiting.push(r),
+                    None => {}
                 }
             }
             Some(Message::Gone(g)) if current.as_ref().is_some_and(|w| w.generation == g) => {
@@ -340,9 +410,13 @@ fn keep(first: Watchdog, inbox: Receiver<Message>, feedback: Sender<Message>) {
                 Ok(w) => {
                     tracing::info!(pid = w.child.id(), groups = live.len(), "run watchdog started");
                     current = Some(w);
+                    // The new watchdog has every live group on its command line.
+                    for r in waiting.drain(..) {
+                        let _ = r.send(());
+                    }
                 }
                 Err(e) => tracing::error!(
-                    "cannot start a run watchdog ({e}); trying again in {RESPAWN_PAUSE:?}; until then, running commands would outlive a killed server"
+                    "cannot start a run watchdog ({e}); trying again in {RESPAWN_PAUSE:?}; until then, new commands wait to start"
                 ),
             }
         }
