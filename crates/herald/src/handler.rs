@@ -9,11 +9,12 @@
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::model::{EventId, LeaseToken};
@@ -146,27 +147,38 @@ pub struct Context {
     /// idempotent per run, or to keep a ledger of runs).
     pub lease_token: LeaseToken,
     cancel: CancellationToken,
+    held_until: watch::Receiver<Instant>,
 }
 
 impl Context {
+    /// The context of a run of `event` (its tenant, handler and attempts).
     pub(crate) fn new(
-        event_id: EventId,
-        tenant: String,
-        handler: String,
-        attempt: u32,
-        max_attempts: u32,
+        event: &crate::model::Event,
         lease_token: LeaseToken,
         cancel: CancellationToken,
+        held_until: watch::Receiver<Instant>,
     ) -> Self {
         Context {
-            event_id,
-            tenant,
-            handler,
-            attempt,
-            max_attempts,
+            event_id: event.id,
+            tenant: event.tenant.clone(),
+            handler: event.handler.clone(),
+            attempt: event.attempt,
+            max_attempts: event.max_attempts,
             lease_token,
             cancel,
+            held_until,
         }
+    }
+
+    /// Until when, by this worker's monotonic clock, the run's lease surely
+    /// holds: when the claim or the last successful renewal was sent, plus
+    /// the lease. Each renewal moves it on; the runtime cancels the run
+    /// before it passes, whatever the store does (docs/semantics.md,
+    /// "Leases"). A handler that hands its work to another process can use
+    /// it to stop that work in time even if this one is frozen: herald's
+    /// command handler passes it to its run watchdog.
+    pub fn lease_held_until(&self) -> watch::Receiver<Instant> {
+        self.held_until.clone()
     }
 
     /// Resolves when the run is cancelled (shutdown past its grace period, or
@@ -301,14 +313,27 @@ mod tests {
             n: u32,
         }
         let h = FnHandler::new(|_: P, _cx: Context| async {});
+        let event = crate::model::Event {
+            id: EventId::new(),
+            tenant: "t".into(),
+            handler: "h".into(),
+            payload: r#"{"n":"seven"}"#.into(),
+            state: crate::model::EventState::Pending,
+            run_at: crate::model::Millis(0),
+            attempt: 1,
+            max_attempts: 3,
+            lease: None,
+            last_error: None,
+            idempotency_key: None,
+            topic: None,
+            created_at: crate::model::Millis(0),
+            updated_at: crate::model::Millis(0),
+        };
         let cx = Context::new(
-            EventId::new(),
-            "t".into(),
-            "h".into(),
-            1,
-            3,
+            &event,
             LeaseToken::new(),
             CancellationToken::new(),
+            watch::channel(Instant::now() + std::time::Duration::from_secs(60)).1,
         );
         let out = h.call(r#"{"n":"seven"}"#, cx).await;
         assert!(matches!(out, Outcome::Fail(ref e) if e.contains("payload does not match")));

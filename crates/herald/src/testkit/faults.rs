@@ -19,8 +19,8 @@ use crate::store::{
 /// passes everything else to the store inside: it refuses (with
 /// [`StoreError::Backend`], nothing written) every emit that holds an
 /// event of one tenant, makes every emit or settle call wait before the
-/// store's, counting the settle calls in flight, and can make settle calls
-/// panic.
+/// store's, counting the settle calls in flight, can make settle calls
+/// panic, and renew calls hang.
 pub struct Faulty {
     /// The real store.
     pub inner: Arc<dyn Store>,
@@ -34,6 +34,9 @@ pub struct Faulty {
     pub settles: Arc<SettleCalls>,
     /// How many of the next settle calls panic (before the store's).
     pub settle_panics: AtomicUsize,
+    /// Whether renew calls never answer (a database that holds the
+    /// connection open and says nothing).
+    pub renewals_hang: bool,
 }
 
 /// What a [`Faulty`] store saw of the settle calls.
@@ -63,7 +66,14 @@ impl Faulty {
             settle_delay: Duration::ZERO,
             settles: Arc::default(),
             settle_panics: AtomicUsize::new(0),
+            renewals_hang: false,
         }
+    }
+
+    /// Makes every renew call wait forever.
+    pub fn hanging_renewals(mut self) -> Self {
+        self.renewals_hang = true;
+        self
     }
 
     /// Refuses every emit that holds an event of `tenant`.
@@ -137,6 +147,9 @@ impl Store for Faulty {
         held
     }
     async fn renew(&self, leases: &[LeaseRef], lease: Duration) -> StoreResult<Vec<bool>> {
+        if self.renewals_hang {
+            std::future::pending::<()>().await;
+        }
         self.inner.renew(leases, lease).await
     }
     async fn add_rule(&self, rule: &Rule) -> StoreResult<bool> {

@@ -215,6 +215,7 @@ macro_rules! engine_suite {
             a_message_of_many_events_answers_each_on_its_own,
             a_message_redelivered_after_its_worker_died_runs_what_is_left,
             lost_lease_cancels_the_handler,
+            a_run_stops_before_its_lease_can_lapse_when_renewals_hang,
             late_completion_is_refused_by_the_fence,
             lost_notification_is_run_by_the_reconciler,
             every_stored_event_runs_after_a_restart,

@@ -196,6 +196,9 @@ async fn admit_batch(
     let ids: Vec<EventId> = notes.iter().map(|(id, _)| *id).collect();
     let tenants = tenants_named(&notes);
     let token = LeaseToken::new();
+    // The store's expiry is at least this plus the lease: the statement
+    // runs after it is sent.
+    let sent = std::time::Instant::now();
     let claimed = match shared
         .store
         .claim(
@@ -223,7 +226,16 @@ async fn admit_batch(
                 // None past the claims taken: a message larger than the
                 // free claims overshoots by its size.
                 let claim = claims.split(1);
-                run::start(&shared, event, token, message, claim, ended.clone());
+                let held_until = sent + shared.config.lease;
+                run::start(
+                    &shared,
+                    event,
+                    token,
+                    message,
+                    claim,
+                    ended.clone(),
+                    held_until,
+                );
             }
             None => rest.push((id, message)),
         }

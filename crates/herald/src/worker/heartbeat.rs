@@ -1,28 +1,76 @@
-//! Renewing every lease this worker holds, in one store call per beat.
+//! Keeping the leases this worker holds: renewing all of them in one store
+//! call per beat, and cancelling each run before its lease can lapse by the
+//! worker's own clock, whatever the store and the queue do.
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::time::MissedTickBehavior;
 
 use super::telemetry::RunEvent;
 use super::{RunEntry, WorkerState};
-use crate::model::Millis;
 use crate::store::LeaseRef;
 
 /// Every `lease / 3`: renew all leases in one call, extend their
-/// notifications' deadlines, and cancel the runs whose lease is gone.
+/// notifications' deadlines, and cancel the runs whose lease is gone. The
+/// renewal is bounded by `lease / 3`, so a store that does not answer
+/// costs one beat, never the next ones; the extension runs on its own,
+/// bounded likewise, so a broker that is away never delays a renewal.
 pub(super) async fn heartbeat_loop(shared: Arc<WorkerState>) {
+    tokio::join!(renew_loop(shared.clone()), guard_loop(shared));
+}
+
+async fn renew_loop(shared: Arc<WorkerState>) {
     let every = shared.config.lease / 3;
+    let mut beats = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    beats.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = tokio::time::sleep(every) => {}
+            _ = beats.tick() => {}
             _ = shared.stop_background.cancelled() => return,
         }
         beat(&shared).await;
     }
 }
 
-async fn beat(shared: &WorkerState) {
+/// Every `lease / 12`: cancel each run whose lease would lapse within
+/// [`guard_margin`] by this worker's clock. Runs on its own so that a
+/// renewal stuck in the store cannot hold it up.
+async fn guard_loop(shared: Arc<WorkerState>) {
+    let every = shared.config.lease / 12;
+    let margin = guard_margin(shared.config.lease);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = shared.stop_background.cancelled() => return,
+        }
+        let now = Instant::now();
+        let runs = shared.runs.lock().expect("runs lock");
+        for (l, run) in runs.iter() {
+            if lapses_soon(*run.held_until.borrow(), now, margin) {
+                lose(&shared, l, run, "lease not renewed in time");
+            }
+        }
+    }
+}
+
+/// How long before its lease would lapse (by the worker's clock) a run is
+/// cancelled: a sixth of the lease. With the guard's tick of a twelfth, a
+/// run ends between a sixth and a twelfth of the lease before the store's
+/// expiry can pass: time for its cancellation (a dropped future, a killed
+/// process group) to take effect.
+pub(super) fn guard_margin(lease: Duration) -> Duration {
+    lease / 6
+}
+
+/// Whether a lease held until `held_until` must be given up at `now`.
+pub(super) fn lapses_soon(held_until: Instant, now: Instant, margin: Duration) -> bool {
+    now + margin >= held_until
+}
+
+async fn beat(shared: &Arc<WorkerState>) {
     let held: Vec<LeaseRef> = shared
         .runs
         .lock()
@@ -34,55 +82,59 @@ async fn beat(shared: &WorkerState) {
         return;
     }
     let lease = shared.config.lease;
-    match shared.store.renew(&held, lease).await {
-        Ok(renewed) => {
-            let now = Millis::now();
-            // Runs of one message share its tag: extend it once.
-            let mut tags = HashSet::with_capacity(held.len());
-            {
-                let mut runs = shared.runs.lock().expect("runs lock");
-                for (l, ok) in held.iter().zip(renewed) {
-                    let Some(run) = runs.get_mut(l) else { continue };
-                    if ok {
-                        run.renewed_at = now;
-                        shared.record(RunEvent::Renewed {
-                            handler: &run.instruments,
-                        });
-                        tags.insert(run.message.tag.clone());
-                    } else {
-                        lose(shared, l, run);
-                    }
-                }
-            }
-            // Bounded by one beat: a broker that is away must not hold up
-            // the next renewal in the store, which is what keeps the leases.
-            let tags: Vec<_> = tags.into_iter().collect();
-            match tokio::time::timeout(lease / 3, shared.queue.extend(&tags)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "cannot extend notification deadlines");
-                }
-                Err(_) => tracing::warn!(
-                    "extending notification deadlines took over a third of the lease; given up until the next beat"
-                ),
-            }
-        }
-        Err(e) => {
+    // The store's new expiry is at least this plus the lease.
+    let sent = Instant::now();
+    let renewed = match tokio::time::timeout(lease / 3, shared.store.renew(&held, lease)).await {
+        Ok(Ok(renewed)) => renewed,
+        Ok(Err(e)) => {
             shared.record(RunEvent::StoreFailed);
-            tracing::warn!(error = %e, leases = held.len(), "lease renewal failed");
-            // Past a whole lease without a renewal, the lease has surely lapsed.
-            let cutoff = Millis::now().minus(lease);
-            let mut runs = shared.runs.lock().expect("runs lock");
-            for (l, run) in runs.iter_mut() {
-                if run.renewed_at <= cutoff {
-                    lose(shared, l, run);
-                }
+            tracing::warn!(error = %e, leases = held.len(), "lease renewal failed; the guard cancels runs before their leases can lapse");
+            return;
+        }
+        Err(_) => {
+            shared.record(RunEvent::StoreFailed);
+            tracing::warn!(
+                leases = held.len(),
+                "lease renewal took over a third of the lease; given up until the next beat"
+            );
+            return;
+        }
+    };
+    // Runs of one message share its tag: extend it once.
+    let mut tags = HashSet::with_capacity(held.len());
+    {
+        let mut runs = shared.runs.lock().expect("runs lock");
+        for (l, ok) in held.iter().zip(renewed) {
+            let Some(run) = runs.get_mut(l) else { continue };
+            if ok {
+                run.held_until.send_replace(sent + lease);
+                shared.record(RunEvent::Renewed {
+                    handler: &run.instruments,
+                });
+                tags.insert(run.message.tag.clone());
+            } else {
+                lose(shared, l, run, "lease lost");
             }
         }
     }
+    // Bounded by one beat, and on its own: the next renewal does not wait
+    // for a broker that is away.
+    let tags: Vec<_> = tags.into_iter().collect();
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        match tokio::time::timeout(lease / 3, shared.queue.extend(&tags)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot extend notification deadlines");
+            }
+            Err(_) => tracing::warn!(
+                "extending notification deadlines took over a third of the lease; given up until the next beat"
+            ),
+        }
+    });
 }
 
-fn lose(shared: &WorkerState, lease: &LeaseRef, run: &RunEntry) {
+fn lose(shared: &WorkerState, lease: &LeaseRef, run: &RunEntry, why: &str) {
     // A run that already ended is settled by the fence, not cancelled: a
     // failed renewal may only mean its settle landed first.
     if run.ended.load(Ordering::Acquire) {
@@ -92,7 +144,33 @@ fn lose(shared: &WorkerState, lease: &LeaseRef, run: &RunEntry) {
         shared.record(RunEvent::LeaseLost {
             handler: &run.instruments,
         });
-        tracing::warn!(event = %lease.id, "lease lost: cancelling the handler");
+        tracing::warn!(event = %lease.id, "{why}: cancelling the handler");
         run.cancel.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_is_given_up_a_sixth_of_the_lease_before_it_can_lapse() {
+        let lease = Duration::from_secs(9);
+        let margin = guard_margin(lease);
+        assert_eq!(margin, Duration::from_millis(1500));
+        let t0 = Instant::now();
+        let held_until = t0 + lease;
+        assert!(!lapses_soon(held_until, t0, margin));
+        assert!(!lapses_soon(
+            held_until,
+            t0 + Duration::from_millis(7499),
+            margin
+        ));
+        assert!(lapses_soon(
+            held_until,
+            t0 + Duration::from_millis(7500),
+            margin
+        ));
+        assert!(lapses_soon(held_until, t0 + lease * 2, margin));
     }
 }

@@ -10,8 +10,9 @@
 //! - `settle` group-commits the ends of runs, up to two calls in flight,
 //!   and answers their notifications (`settle.rs`); a message of several events is answered
 //!   once each of its events has its reply (`message.rs`);
-//! - `heartbeat` renews every lease in one call every `lease / 3` and
-//!   cancels runs whose lease was lost (`heartbeat.rs`);
+//! - `heartbeat` renews every lease in one call every `lease / 3`, each
+//!   call bounded by `lease / 3`, and cancels runs whose lease was lost or
+//!   is about to lapse by the worker's own clock (`heartbeat.rs`);
 //! - `reconcile`, when elected, re-notifies what the queue lost and purges
 //!   expired dead events (`reconcile.rs`);
 //! - `schedule`, when elected, emits the due occurrences of schedules
@@ -42,7 +43,6 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::handler::Handler;
-use crate::model::Millis;
 use crate::queue::Queue;
 use crate::store::{LeaseRef, Store};
 
@@ -62,8 +62,11 @@ pub(crate) struct RunEntry {
     /// Set when the handler has returned (or was cancelled); the lease is
     /// still renewed until the run is settled.
     ended: Arc<AtomicBool>,
-    /// When the store last confirmed the lease (local clock).
-    renewed_at: Millis,
+    /// Until when the lease surely holds by this worker's monotonic clock:
+    /// when the claim or the last successful renewal was sent, plus the
+    /// lease (the store's expiry is at least that). The handler's context
+    /// reads it; the heartbeat's guard cancels the run before it passes.
+    held_until: tokio::sync::watch::Sender<std::time::Instant>,
     /// The handler's metric handles.
     instruments: Arc<Instruments>,
 }

@@ -1,4 +1,5 @@
-//! Engine scenarios for leases: expired, live, lost while running, a late result fenced out.
+//! Engine scenarios for leases: expired, live, lost while running, given up
+//! before it can lapse when renewals hang, a late result fenced out.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -9,9 +10,10 @@ use tokio::sync::Notify;
 use super::{Rig, H, QUIET, SOON, T};
 use crate::client::EmitOptions;
 use crate::handler::{Context, HandlerError};
-use crate::model::LeaseToken;
+use crate::model::{LeaseToken, Millis};
 use crate::store::Store;
 use crate::testkit::eventually;
+use crate::testkit::faults::Faulty;
 
 /// An event whose lease expired (its worker died) is claimed and run.
 pub async fn expired_lease_is_claimed_and_run(store: Arc<dyn Store>) {
@@ -113,6 +115,61 @@ pub async fn lost_lease_cancels_the_handler(store: Arc<dyn Store>) {
     w.shutdown(SOON).await;
 }
 
+/// When renewals hang (a database that accepts the call and never
+/// answers), the run is cancelled by the worker's own clock before its
+/// lease can lapse in the store, and nothing is written about the event.
+pub async fn a_run_stops_before_its_lease_can_lapse_when_renewals_hang(store: Arc<dyn Store>) {
+    let lease = Duration::from_millis(1500);
+    let hanging: Arc<dyn Store> = Arc::new(Faulty::around(store.clone()).hanging_renewals());
+    // The queue must not redeliver meanwhile: the extension stays on time.
+    let rig = Rig::with_ack_wait(hanging, Duration::from_secs(60)).await;
+    let started = Arc::new(Notify::new());
+    let stopped = Arc::new(std::sync::Mutex::new(None));
+    let (s, st) = (started.clone(), stopped.clone());
+    let w = rig
+        .builder()
+        .lease(lease)
+        .handler("long", move |_: serde_json::Value, cx: Context| {
+            let (s, st) = (s.clone(), st.clone());
+            async move {
+                let began = std::time::Instant::now();
+                let _on_drop = OnDrop(Some(move || {
+                    *st.lock().unwrap() = Some((began.elapsed(), Millis::now()));
+                }));
+                s.notify_one();
+                cx.cancelled().await;
+                std::future::pending::<()>().await;
+            }
+        })
+        .start();
+    rig.swept(&w).await;
+    let id = rig.emit_to("long", EmitOptions::default()).await;
+    started.notified().await;
+    eventually("the handler is cancelled", lease * 2, || {
+        let done = stopped.lock().unwrap().is_some();
+        async move { done }
+    })
+    .await;
+    let (ran, at) = stopped.lock().unwrap().take().unwrap();
+    assert!(
+        ran < lease,
+        "the run went on for {ran:?}, past its lease of {lease:?}"
+    );
+    let e = store.get(id).await.unwrap().expect("kept");
+    let expires = e
+        .lease
+        .expect("the lease was never given up in the store")
+        .expires_at;
+    assert!(
+        at < expires,
+        "the run stopped at {at:?}, after the store's expiry {expires:?}"
+    );
+    assert_eq!(e.attempt, 1);
+    assert_eq!(e.last_error, None, "nothing written about the event");
+    assert_eq!(w.stats().lease_lost, 1);
+    w.shutdown(SOON).await;
+}
+
 /// A handler that finishes after its lease was taken over: its "done" is
 /// refused by the fence, and the event stays with the new holder.
 pub async fn late_completion_is_refused_by_the_fence(store: Arc<dyn Store>) {
@@ -157,5 +214,16 @@ struct CountOnDrop(Arc<AtomicUsize>);
 impl Drop for CountOnDrop {
     fn drop(&mut self) {
         self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Runs a closure when dropped (as the runtime drops a cancelled handler).
+struct OnDrop<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f();
+        }
     }
 }
