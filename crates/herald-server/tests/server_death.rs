@@ -30,14 +30,18 @@ struct Setup {
 
 impl Setup {
     fn new() -> Setup {
+        // Long: no rescue of the event while a test runs.
+        Setup::with_lease("1h")
+    }
+
+    fn with_lease(lease: &str) -> Setup {
         let dir = tempfile::tempdir().unwrap();
         let config = format!(
             r#"
 store = "sqlite://{db}"
 listen = "127.0.0.1:0"
 [worker]
-# Long: no rescue of the event while a test runs.
-lease = "1h"
+lease = "{lease}"
 [handlers.slow]
 kind = "command"
 program = "/bin/sh"
@@ -136,6 +140,37 @@ async fn assert_all_dead(pids: &[i32], what: &str) {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+#[tokio::test]
+async fn a_stopped_servers_commands_are_killed_before_their_lease_can_lapse() {
+    // A server stopped (SIGSTOP, a frozen VM) cannot cancel its runs; its
+    // watchdog kills each at the run's lease deadline, a sixth of the
+    // lease before another server could claim the event.
+    let setup = Setup::with_lease("3s");
+    let server = setup.serve();
+    let pids = setup.start_run(&server).await;
+    let stopped = Instant::now();
+    kill(Pid::from_raw(server.child.id() as i32), Signal::SIGSTOP).unwrap();
+    let deadline = stopped + Duration::from_secs(3);
+    while pids.iter().any(|&p| alive(p)) && Instant::now() < deadline + Duration::from_secs(2) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let dead_at = Instant::now();
+    kill(Pid::from_raw(server.child.id() as i32), Signal::SIGCONT).unwrap();
+    let left: Vec<i32> = pids.iter().copied().filter(|&p| alive(p)).collect();
+    for &p in &left {
+        let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+    }
+    assert!(
+        left.is_empty(),
+        "still running with the server stopped: {left:?}"
+    );
+    assert!(
+        dead_at < deadline,
+        "killed {:?} after the stop, at or past the 3 s lease",
+        dead_at - stopped
+    );
 }
 
 /// The run watchdog of the server `server`: its child whose command line

@@ -147,7 +147,7 @@ pub struct Context {
     /// idempotent per run, or to keep a ledger of runs).
     pub lease_token: LeaseToken,
     cancel: CancellationToken,
-    held_until: watch::Receiver<Instant>,
+    deadline: watch::Receiver<Instant>,
 }
 
 impl Context {
@@ -156,7 +156,7 @@ impl Context {
         event: &crate::model::Event,
         lease_token: LeaseToken,
         cancel: CancellationToken,
-        held_until: watch::Receiver<Instant>,
+        deadline: watch::Receiver<Instant>,
     ) -> Self {
         Context {
             event_id: event.id,
@@ -166,19 +166,19 @@ impl Context {
             max_attempts: event.max_attempts,
             lease_token,
             cancel,
-            held_until,
+            deadline,
         }
     }
 
-    /// Until when, by this worker's monotonic clock, the run's lease surely
-    /// holds: when the claim or the last successful renewal was sent, plus
-    /// the lease. Each renewal moves it on; the runtime cancels the run
-    /// before it passes, whatever the store does (docs/semantics.md,
-    /// "Leases"). A handler that hands its work to another process can use
-    /// it to stop that work in time even if this one is frozen: herald's
-    /// command handler passes it to its run watchdog.
-    pub fn lease_held_until(&self) -> watch::Receiver<Instant> {
-        self.held_until.clone()
+    /// When, by this worker's monotonic clock, the runtime gives this run
+    /// up (cancels it) unless its lease is renewed first: a sixth of the
+    /// lease before the lease could lapse in the store, whatever the store
+    /// does (docs/semantics.md, "Leases"). Each renewal moves it on. A
+    /// handler that hands its work to another process can stop that work
+    /// by then even if this process is frozen: herald's command handler
+    /// gives it to its run watchdog.
+    pub fn lease_deadline(&self) -> watch::Receiver<Instant> {
+        self.deadline.clone()
     }
 
     /// Resolves when the run is cancelled (shutdown past its grace period, or

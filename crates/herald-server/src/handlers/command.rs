@@ -51,7 +51,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use nix::errno::Errno;
@@ -62,6 +62,7 @@ use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStderr};
 use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::watch;
 
 use super::gate;
 use super::leftovers::SERVER_ID_VAR;
@@ -214,11 +215,26 @@ impl CommandHandler {
     /// the event; the same event would run fine once the host is fixed.
     /// Failing would send every event of the handler dead at once for a
     /// host's problem.
+    #[cfg(test)]
     pub(crate) async fn run(
         &self,
         payload: &str,
         meta: &EventMeta,
         cancelled: impl Future<Output = ()>,
+    ) -> Outcome {
+        self.run_until(payload, meta, cancelled, None).await
+    }
+
+    /// [`Self::run`], with the run's lease deadline (see
+    /// [`Context::lease_deadline`]) passed on to the run watchdog, which
+    /// kills the group at that instant unless it moves on, even while the
+    /// server is stopped.
+    pub(crate) async fn run_until(
+        &self,
+        payload: &str,
+        meta: &EventMeta,
+        cancelled: impl Future<Output = ()>,
+        mut lease_deadline: Option<watch::Receiver<Instant>>,
     ) -> Outcome {
         // Listen for SIGCHLD before the child exists, so its exit cannot be missed.
         let sigchld = signal(SignalKind::child())
@@ -272,6 +288,9 @@ impl CommandHandler {
             return Outcome::retry(format!("command {} vanished at start", self.program));
         };
         let pid = group.pgid;
+        if let Some(d) = lease_deadline.as_mut() {
+            self.watch.deadline(pid.as_raw(), *d.borrow_and_update());
+        }
         tokio::pin!(cancelled);
         if let Some(registration) = group.registration.take() {
             // Until the watchdog has the group, the gate holds the program
@@ -302,6 +321,9 @@ impl CommandHandler {
             let end = loop {
                 tokio::select! {
                     _ = &mut write_frame, if !frame_done => frame_done = true,
+                    // In this task, so that no deadline can follow the
+                    // group's end to the watchdog.
+                    at = renewed(&mut lease_deadline) => self.watch.deadline(pid.as_raw(), at),
                     _ = &mut read_stderr, if !stderr_done => stderr_done = true,
                     r = &mut exited => break r.map_or_else(End::WaitFailed, |()| End::Exited),
                     _ = &mut deadline => break End::TimedOut,
@@ -368,8 +390,13 @@ impl CommandHandler {
 #[async_trait]
 impl herald::Handler for CommandHandler {
     async fn call(&self, payload: &str, cx: Context) -> Outcome {
-        self.run(payload, &EventMeta::from(&cx), cx.cancelled())
-            .await
+        self.run_until(
+            payload,
+            &EventMeta::from(&cx),
+            cx.cancelled(),
+            Some(cx.lease_deadline()),
+        )
+        .await
     }
 }
 
@@ -454,6 +481,20 @@ impl ProcessGroup {
 impl Drop for ProcessGroup {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// The next lease deadline, once a renewal moves it; never once the
+/// runtime stops renewing (or there is none to follow).
+async fn renewed(deadline: &mut Option<watch::Receiver<Instant>>) -> Instant {
+    loop {
+        match deadline {
+            Some(d) => match d.changed().await {
+                Ok(()) => return *d.borrow_and_update(),
+                Err(_) => *deadline = None,
+            },
+            None => std::future::pending::<()>().await,
+        }
     }
 }
 

@@ -3,11 +3,18 @@
 //!
 //! At start, `herald serve` spawns `herald watch-runs` (itself, a hidden
 //! subcommand) with a pipe to its stdin, and writes one line per change:
-//! `+PGID` when a command's process group starts, `-PGID` when it is gone.
-//! The watchdog keeps the set of live groups. When its stdin reaches EOF,
-//! the server is gone (an exit, a panic, `kill -9`: the kernel closes the
-//! pipe in every case), so it sends `SIGKILL` to every live group and
-//! exits. It runs in a process group of its own (a signal to the server's
+//! `+PGID` when a command's process group starts (before its program may
+//! begin: see [the gate](super::gate)), `=PGID:MS` with the run's lease
+//! deadline (milliseconds of `CLOCK_MONOTONIC`) at the start and at each
+//! renewal, `-PGID` when it is gone. The watchdog keeps the live groups
+//! and their deadlines. When its stdin reaches EOF, the server is gone (an
+//! exit, a panic, `kill -9`: the kernel closes the pipe in every case), so
+//! it sends `SIGKILL` to every live group and exits. When a group's
+//! deadline passes without a later one, the server could not renew its
+//! lease (it is stopped: `SIGSTOP`, a frozen VM, or the store is away and
+//! its own cancel is late), so the watchdog kills that group: a run of a
+//! stopped server never overlaps the run of another server that claims
+//! the event once the lease lapses. It runs in a process group of its own (a signal to the server's
 //! group does not reach it) and ignores SIGINT, SIGTERM and SIGHUP: it ends
 //! only after the server has.
 //!
@@ -28,16 +35,17 @@
 //! run (285 runs/s against 1,020 with the watchdog in an earlier
 //! measurement; see `docs/handlers.md`).
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::io::{BufRead, Read, Write};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStdin, Command, ExitCode, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::sys::signal::{killpg, SigSet, Signal};
+use nix::time::{clock_gettime, ClockId};
 use nix::unistd::Pid;
 
 /// The hidden subcommand that runs the watchdog.
@@ -48,20 +56,34 @@ const RESPAWN_PAUSE: Duration = Duration::from_secs(1);
 /// One line of the server's protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Change {
+    /// `+PGID`: a run's group started.
     Started(i32),
+    /// `-PGID`: it is gone (or has been sent `SIGKILL`).
     Ended(i32),
+    /// `=PGID:MS`: kill it at `MS` (milliseconds of `CLOCK_MONOTONIC`,
+    /// which every process of the machine shares) unless told a later
+    /// time first: when the server gives the run up unless its lease is
+    /// renewed.
+    Deadline(i32, u64),
 }
+
+/// The live groups, each with its deadline if it has one.
+type Live = BTreeMap<i32, Option<u64>>;
 
 impl Change {
     fn parse(line: &str) -> Option<Change> {
         let line = line.trim();
-        let (sign, number) = line.split_at_checked(1)?;
+        let (sign, rest) = line.split_at_checked(1)?;
         // A group id is a positive pid; 0 or a negative one would make
         // killpg hit the watchdog's own group or every process.
-        let pgid = number.parse::<i32>().ok().filter(|&p| p > 1)?;
+        let group = |number: &str| number.parse::<i32>().ok().filter(|&p| p > 1);
         match sign {
-            "+" => Some(Change::Started(pgid)),
-            "-" => Some(Change::Ended(pgid)),
+            "+" => Some(Change::Started(group(rest)?)),
+            "-" => Some(Change::Ended(group(rest)?)),
+            "=" => {
+                let (pgid, ms) = rest.split_once(':')?;
+                Some(Change::Deadline(group(pgid)?, ms.parse().ok()?))
+            }
             _ => None,
         }
     }
@@ -70,14 +92,63 @@ impl Change {
         match self {
             Change::Started(p) => format!("+{p}\n"),
             Change::Ended(p) => format!("-{p}\n"),
+            Change::Deadline(p, ms) => format!("={p}:{ms}\n"),
         }
     }
 
-    fn apply(self, live: &mut BTreeSet<i32>) {
+    fn apply(self, live: &mut Live) {
         match self {
-            Change::Started(p) => live.insert(p),
-            Change::Ended(p) => live.remove(&p),
-        };
+            Change::Started(p) => {
+                live.insert(p, None);
+            }
+            Change::Ended(p) => {
+                live.remove(&p);
+            }
+            // Only for a group still live: a deadline after its end (the
+            // lines of one run come in order) names nobody.
+            Change::Deadline(p, ms) => {
+                if let Some(d) = live.get_mut(&p) {
+                    *d = Some(ms);
+                }
+            }
+        }
+    }
+
+    /// The lines that make a new watchdog know `live`.
+    fn describe(live: &Live) -> Vec<String> {
+        live.iter()
+            .flat_map(|(&p, &d)| {
+                let started = Change::Started(p).line();
+                let deadline = d.map(|ms| Change::Deadline(p, ms).line());
+                std::iter::once(started).chain(deadline)
+            })
+            .map(|l| l.trim_end().to_string())
+            .collect()
+    }
+}
+
+/// Now, in milliseconds of `CLOCK_MONOTONIC`.
+fn monotonic_ms() -> u64 {
+    match clock_gettime(ClockId::CLOCK_MONOTONIC) {
+        Ok(t) => (t.tv_sec() as u64) * 1000 + (t.tv_nsec() as u64) / 1_000_000,
+        // Cannot fail on Linux; 0 would only make deadlines look far.
+        Err(_) => 0,
+    }
+}
+
+/// `at` (an instant of this process) in milliseconds of `CLOCK_MONOTONIC`:
+/// the clock `Instant` reads on Linux, so another process can compare it.
+fn monotonic_ms_of(at: Instant) -> u64 {
+    let now = Instant::now();
+    let ahead = at.saturating_duration_since(now).as_millis() as u64;
+    let behind = now.saturating_duration_since(at).as_millis() as u64;
+    (monotonic_ms() + ahead).saturating_sub(behind)
+}
+
+fn kill_group(pgid: i32) {
+    match killpg(Pid::from_raw(pgid), Signal::SIGKILL) {
+        Ok(()) | Err(Errno::ESRCH) => {}
+        Err(e) => tracing::warn!(pgid, "run watchdog: cannot kill a process group: {e}"),
     }
 }
 
@@ -122,7 +193,7 @@ pub fn watch_runs(groups: &[String]) -> ExitCode {
     if let Err(e) = quiet.thread_block() {
         tracing::warn!("run watchdog: cannot block SIGINT/SIGTERM/SIGHUP: {e}");
     }
-    let mut live = BTreeSet::new();
+    let mut live = Live::new();
     // The groups live when this watchdog was started, then the changes.
     for arg in groups {
         match Change::parse(arg) {
@@ -130,24 +201,61 @@ pub fn watch_runs(groups: &[String]) -> ExitCode {
             None => tracing::warn!("run watchdog: ignoring the argument {arg:?}"),
         }
     }
-    for line in std::io::stdin().lock().lines() {
-        let Ok(line) = line else { break };
-        match Change::parse(&line) {
-            Some(change) => change.apply(&mut live),
-            None => tracing::warn!("run watchdog: ignoring the line {line:?}"),
+    // Lines come from a thread of their own, so that deadlines pass while
+    // none arrive (a stopped server writes nothing).
+    let (tx, lines) = mpsc::channel();
+    let reader = std::thread::Builder::new()
+        .name("herald-watch-runs-stdin".into())
+        .spawn(move || {
+            for line in std::io::stdin().lock().lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+    if let Err(e) = reader {
+        tracing::error!("run watchdog: cannot start its reader thread: {e}");
+        return ExitCode::FAILURE;
+    }
+    loop {
+        let next = live.values().flatten().min().copied();
+        let wait = next.map_or(Duration::from_secs(3600), |ms| {
+            Duration::from_millis(ms.saturating_sub(monotonic_ms()))
+        });
+        match lines.recv_timeout(wait) {
+            Ok(line) => match Change::parse(&line) {
+                Some(change) => change.apply(&mut live),
+                None => tracing::warn!("run watchdog: ignoring the line {line:?}"),
+            },
+            Err(RecvTimeoutError::Timeout) => {
+                let now = monotonic_ms();
+                let due: Vec<i32> = live
+                    .iter()
+                    .filter(|(_, d)| d.is_some_and(|ms| ms <= now))
+                    .map(|(&p, _)| p)
+                    .collect();
+                for pgid in due {
+                    tracing::warn!(
+                        pgid,
+                        "run watchdog: the server did not renew this run's lease in time (is it stopped?); killing its process group before the lease can lapse"
+                    );
+                    kill_group(pgid);
+                    live.remove(&pgid);
+                }
+            }
+            // EOF: the server is gone.
+            Err(RecvTimeoutError::Disconnected) => break,
         }
     }
     if !live.is_empty() {
         tracing::warn!(
-            groups = ?live,
+            groups = ?live.keys().collect::<Vec<_>>(),
             "run watchdog: the server is gone; killing the process groups of its running commands"
         );
     }
-    for &pgid in &live {
-        match killpg(Pid::from_raw(pgid), Signal::SIGKILL) {
-            Ok(()) | Err(Errno::ESRCH) => {}
-            Err(e) => tracing::warn!(pgid, "run watchdog: cannot kill a process group: {e}"),
-        }
+    for &pgid in live.keys() {
+        kill_group(pgid);
     }
     ExitCode::SUCCESS
 }
@@ -179,7 +287,7 @@ impl RunWatch {
     /// first watchdog cannot be started.
     pub fn start(server_id: String) -> std::io::Result<RunWatch> {
         let (to_keeper, inbox) = mpsc::channel();
-        let first = Watchdog::spawn(0, &BTreeSet::new(), to_keeper.clone())?;
+        let first = Watchdog::spawn(0, &Live::new(), to_keeper.clone())?;
         tracing::info!(pid = first.child.id(), "run watchdog started");
         let feedback = to_keeper.clone();
         std::thread::Builder::new()
@@ -239,6 +347,15 @@ impl RunWatch {
         Some(ack)
     }
 
+    /// Process group `pgid` is to be killed at `at` unless a later
+    /// deadline comes first, even if the server is stopped meanwhile.
+    pub fn deadline(&self, pgid: i32, at: Instant) {
+        if let Some(w) = &self.inner {
+            let change = Change::Deadline(pgid, monotonic_ms_of(at));
+            let _ = w.to_keeper.send(Message::Change(change, None));
+        }
+    }
+
     /// Process group `pgid` is gone (or has been sent `SIGKILL`).
     pub fn ended(&self, pgid: i32) {
         if let Some(w) = &self.inner {
@@ -284,19 +401,12 @@ struct Watchdog {
 impl Watchdog {
     /// Starts a watchdog and tells it about `live`. A thread waits for
     /// the end of its stdout and then sends `Gone(generation)`.
-    fn spawn(
-        generation: u64,
-        live: &BTreeSet<i32>,
-        feedback: Sender<Message>,
-    ) -> std::io::Result<Watchdog> {
+    fn spawn(generation: u64, live: &Live, feedback: Sender<Message>) -> std::io::Result<Watchdog> {
         let exe = std::env::current_exe()?;
         // The groups already live go on the command line, not down the
         // pipe: a server killed right after the exec, before it could
         // write, must still leave a watchdog that knows them.
-        let known: Vec<String> = live
-            .iter()
-            .map(|&pgid| Change::Started(pgid).line().trim_end().to_string())
-            .collect();
+        let known = Change::describe(live);
         // /proc/self/exe is this very binary even when a deploy has
         // replaced the file at `exe` (then `exe` ends in " (deleted)").
         let mut child = Command::new("/proc/self/exe")
@@ -349,7 +459,7 @@ impl Watchdog {
 /// The keeper thread: applies each change to the live set and passes it
 /// on; replaces a watchdog that died.
 fn keep(first: Watchdog, inbox: Receiver<Message>, feedback: Sender<Message>) {
-    let mut live = BTreeSet::new();
+    let mut live = Live::new();
     let mut current = Some(first);
     let mut generation = 0;
     // Registrations made while no watchdog runs: told once one does.
@@ -431,14 +541,22 @@ mod tests {
     fn lines_are_read_strictly() {
         assert_eq!(Change::parse("+123"), Some(Change::Started(123)));
         assert_eq!(Change::parse("-123\n"), Some(Change::Ended(123)));
-        for bad in ["", "+", "123", "*5", "+0", "+1", "+-5", "--5", "+x", "+5 6"] {
+        assert_eq!(
+            Change::parse("=123:4567"),
+            Some(Change::Deadline(123, 4567))
+        );
+        for bad in [
+            "", "+", "123", "*5", "+0", "+1", "+-5", "--5", "+x", "+5 6", "=5", "=5:", "=1:5",
+            "=5:-1", "=5:x",
+        ] {
             assert_eq!(Change::parse(bad), None, "{bad:?}");
         }
-        let mut live = BTreeSet::new();
-        for line in ["+5", "+7", "-5", "+9", "-11"] {
+        let mut live = Live::new();
+        for line in ["+5", "+7", "-5", "+9", "-11", "=9:100", "=5:200"] {
             Change::parse(line).unwrap().apply(&mut live);
         }
-        assert_eq!(live, BTreeSet::from([7, 9]));
+        assert_eq!(live, Live::from([(7, None), (9, Some(100))]));
         assert_eq!(Change::Started(7).line(), "+7\n");
+        assert_eq!(Change::describe(&live), ["+7", "+9", "=9:100"]);
     }
 }

@@ -35,12 +35,10 @@ async fn renew_loop(shared: Arc<WorkerState>) {
     }
 }
 
-/// Every `lease / 12`: cancel each run whose lease would lapse within
-/// [`guard_margin`] by this worker's clock. Runs on its own so that a
-/// renewal stuck in the store cannot hold it up.
+/// Every `lease / 12`: cancel each run past its [deadline](deadline).
+/// Runs on its own so that a renewal stuck in the store cannot hold it up.
 async fn guard_loop(shared: Arc<WorkerState>) {
     let every = shared.config.lease / 12;
-    let margin = guard_margin(shared.config.lease);
     loop {
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
@@ -49,25 +47,22 @@ async fn guard_loop(shared: Arc<WorkerState>) {
         let now = Instant::now();
         let runs = shared.runs.lock().expect("runs lock");
         for (l, run) in runs.iter() {
-            if lapses_soon(*run.held_until.borrow(), now, margin) {
+            if now >= *run.deadline.borrow() {
                 lose(&shared, l, run, "lease not renewed in time");
             }
         }
     }
 }
 
-/// How long before its lease would lapse (by the worker's clock) a run is
-/// cancelled: a sixth of the lease. With the guard's tick of a twelfth, a
-/// run ends between a sixth and a twelfth of the lease before the store's
-/// expiry can pass: time for its cancellation (a dropped future, a killed
-/// process group) to take effect.
-pub(super) fn guard_margin(lease: Duration) -> Duration {
-    lease / 6
-}
-
-/// Whether a lease held until `held_until` must be given up at `now`.
-pub(super) fn lapses_soon(held_until: Instant, now: Instant, margin: Duration) -> bool {
-    now + margin >= held_until
+/// When a run whose lease was claimed or renewed by a call sent at `sent`
+/// is given up unless renewed again: a sixth of the lease before the
+/// lease can lapse. The store's expiry is at least `sent + lease` (the
+/// statement runs after it is sent), so by this worker's clock the run
+/// ends, with the guard's tick of a twelfth, between a sixth and a twelfth
+/// of the lease before anyone else can claim the event: time for its
+/// cancellation (a dropped future, a killed process group) to take effect.
+pub(super) fn deadline(sent: Instant, lease: Duration) -> Instant {
+    sent + lease - lease / 6
 }
 
 async fn beat(shared: &Arc<WorkerState>) {
@@ -107,7 +102,7 @@ async fn beat(shared: &Arc<WorkerState>) {
         for (l, ok) in held.iter().zip(renewed) {
             let Some(run) = runs.get_mut(l) else { continue };
             if ok {
-                run.held_until.send_replace(sent + lease);
+                run.deadline.send_replace(deadline(sent, lease));
                 shared.record(RunEvent::Renewed {
                     handler: &run.instruments,
                 });
@@ -155,22 +150,10 @@ mod tests {
 
     #[test]
     fn a_run_is_given_up_a_sixth_of_the_lease_before_it_can_lapse() {
+        let sent = Instant::now();
         let lease = Duration::from_secs(9);
-        let margin = guard_margin(lease);
-        assert_eq!(margin, Duration::from_millis(1500));
-        let t0 = Instant::now();
-        let held_until = t0 + lease;
-        assert!(!lapses_soon(held_until, t0, margin));
-        assert!(!lapses_soon(
-            held_until,
-            t0 + Duration::from_millis(7499),
-            margin
-        ));
-        assert!(lapses_soon(
-            held_until,
-            t0 + Duration::from_millis(7500),
-            margin
-        ));
-        assert!(lapses_soon(held_until, t0 + lease * 2, margin));
+        assert_eq!(deadline(sent, lease), sent + Duration::from_millis(7500));
+        let lease = Duration::from_millis(300);
+        assert_eq!(deadline(sent, lease), sent + Duration::from_millis(250));
     }
 }

@@ -62,11 +62,11 @@ pub(crate) struct RunEntry {
     /// Set when the handler has returned (or was cancelled); the lease is
     /// still renewed until the run is settled.
     ended: Arc<AtomicBool>,
-    /// Until when the lease surely holds by this worker's monotonic clock:
-    /// when the claim or the last successful renewal was sent, plus the
-    /// lease (the store's expiry is at least that). The handler's context
-    /// reads it; the heartbeat's guard cancels the run before it passes.
-    held_until: tokio::sync::watch::Sender<std::time::Instant>,
+    /// When the run is given up unless its lease is renewed, by this
+    /// worker's monotonic clock (`heartbeat::deadline`): before the lease
+    /// can lapse in the store. The heartbeat's guard cancels the run then;
+    /// the handler's context reads it.
+    deadline: tokio::sync::watch::Sender<std::time::Instant>,
     /// The handler's metric handles.
     instruments: Arc<Instruments>,
 }

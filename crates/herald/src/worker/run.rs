@@ -31,7 +31,7 @@ pub(super) fn start(
     message: Arc<Message>,
     claim: Option<OwnedSemaphorePermit>,
     to_settle: mpsc::UnboundedSender<Ended>,
-    held_until: Instant,
+    deadline: Instant,
 ) {
     let cancel = shared.cancel_runs.child_token();
     let lost = Arc::new(AtomicBool::new(false));
@@ -41,7 +41,7 @@ pub(super) fn start(
         token,
     };
     let instruments = shared.instruments(&event.handler);
-    let (held_until, lease_held) = tokio::sync::watch::channel(held_until);
+    let (deadline, lease_deadline) = tokio::sync::watch::channel(deadline);
     shared.runs.lock().expect("runs lock").insert(
         lease,
         RunEntry {
@@ -49,7 +49,7 @@ pub(super) fn start(
             cancel: cancel.clone(),
             lost: lost.clone(),
             ended: ended.clone(),
-            held_until,
+            deadline,
             instruments: instruments.clone(),
         },
     );
@@ -78,7 +78,7 @@ pub(super) fn start(
                     handler: &instruments,
                     waited: since(event.run_at),
                 });
-                let (end, ran) = call(handler, &event, token, &cancel, &lost, lease_held).await;
+                let (end, ran) = call(handler, &event, token, &cancel, &lost, lease_deadline).await;
                 shared.record(RunEvent::Ran {
                     handler: &instruments,
                     ran,
@@ -109,7 +109,7 @@ async fn call(
     token: LeaseToken,
     cancel: &CancellationToken,
     lost: &AtomicBool,
-    lease_held: tokio::sync::watch::Receiver<Instant>,
+    lease_deadline: tokio::sync::watch::Receiver<Instant>,
 ) -> (RunEnd, Option<Duration>) {
     let Some(h) = handler else {
         // The claim only takes events of handlers this worker has.
@@ -117,7 +117,7 @@ async fn call(
         return (RunEnd::Returned(Outcome::retry(error)), None);
     };
     let started = Instant::now();
-    let cx = Context::new(event, token, cancel.clone(), lease_held);
+    let cx = Context::new(event, token, cancel.clone(), lease_deadline);
     let call = AssertUnwindSafe(h.call(&event.payload, cx)).catch_unwind();
     // Cancellation wins a tie: a handler that returns because it was
     // cancelled has not finished its work.
