@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use herald::store::{Inspected, Inspection};
-use herald::{Event, LeaseToken, Millis, RuleMatch};
+use herald::{Event, Millis, RuleMatch};
 use sqlx::Row;
 use uuid::Uuid;
 
@@ -12,18 +12,19 @@ use crate::rows::{event, event_row, ms, Ctx, DbResult, EVENT_COLUMN_COUNT};
 use crate::PgStore;
 
 impl PgStore {
-    /// One try of [`herald::Store::claim`]: `ids` sorted, without repeats.
+    /// One try of [`herald::Store::claim`]: `ids` sorted, without repeats,
+    /// and `tokens` theirs, in the same order.
     pub(crate) async fn claim_once(
         &self,
         ids: &[Uuid],
+        tokens: &[Uuid],
         handlers: &[String],
         tenants: &[String],
-        token: LeaseToken,
         lease: Duration,
     ) -> DbResult<Vec<Event>> {
         const OP: &str = "claim";
         sqlx::query(&self.sql.claim)
-            .bind(token.0)
+            .bind(tokens)
             .bind(ms(lease))
             .bind(ids)
             .bind(handlers)

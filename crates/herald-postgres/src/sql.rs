@@ -25,7 +25,8 @@ pub(crate) const NOW_EXPR: &str = "floor(date_part('epoch', now()) * 1000)::bigi
 /// is pending, due, unleased or expired (by the database's clock), has
 /// attempts left, has a handler in `$4`, and no rule matches. Changes only
 /// columns that no index covers, so it is a HOT update when the page has
-/// room. `$1` token, `$2` lease in ms, `$3` ids (sorted), `$4` handlers,
+/// room. `$1` tokens (one per id of `$3`, in its order), `$2` lease in ms,
+/// `$3` ids (sorted), `$4` handlers,
 /// `$5` the tenants the notifications named (a hint: when a rule names one
 /// of `$4`, schema 9 checks the rules once per claim for these tenants and
 /// per row for any other).

@@ -9,8 +9,8 @@ use herald::store::{
     SubscriptionSync, SweepPage, SweepPass,
 };
 use herald::{
-    AttemptError, Emitted, Event, EventId, Leadership, LeaseToken, Millis, NewEvent, Rule,
-    RuleMatch, Store, Subscription,
+    AttemptError, Emitted, Event, EventId, Leadership, Millis, NewEvent, Rule, RuleMatch, Store,
+    Subscription,
 };
 
 use herald::schedule::{DueSchedules, Schedule, ScheduleFiring};
@@ -39,25 +39,26 @@ impl Store for PgStore {
 
     async fn claim(
         &self,
-        ids: &[EventId],
+        leases: &[LeaseRef],
         handlers: &[String],
         tenants: &[String],
-        token: LeaseToken,
         lease: Duration,
     ) -> StoreResult<Vec<Event>> {
-        if ids.is_empty() || handlers.is_empty() {
+        if leases.is_empty() || handlers.is_empty() {
             return Ok(Vec::new());
         }
-        let mut ids = uuids(ids);
-        ids.sort_unstable();
-        ids.dedup();
+        let mut pairs: Vec<(uuid::Uuid, uuid::Uuid)> =
+            leases.iter().map(|l| (l.id.0, l.token.0)).collect();
+        pairs.sort_unstable_by_key(|&(id, _)| id);
+        pairs.dedup_by_key(|&mut (id, _)| id);
+        let (ids, tokens): (Vec<uuid::Uuid>, Vec<uuid::Uuid>) = pairs.into_iter().unzip();
         let tenants = if tenants.len() > TENANT_HINT_LIMIT {
             &[][..]
         } else {
             tenants
         };
         retry("claim", || {
-            self.claim_once(&ids, handlers, tenants, token, lease)
+            self.claim_once(&ids, &tokens, handlers, tenants, lease)
         })
         .await
     }

@@ -20,8 +20,8 @@ use herald::store::{
     SweepPass,
 };
 use herald::{
-    Emitted, Event, EventId, LeaseToken, MemoryQueue, Millis, NewEvent, Rule, RuleMatch, Store,
-    Subscription, Worker, WorkerConfig,
+    Emitted, Event, EventId, MemoryQueue, Millis, NewEvent, Rule, RuleMatch, Store, Subscription,
+    Worker, WorkerConfig,
 };
 use herald_postgres::{testing, PgStore};
 use sqlx::postgres::PgPoolOptions;
@@ -59,13 +59,12 @@ impl Store for SweepSpy {
     }
     async fn claim(
         &self,
-        ids: &[EventId],
+        leases: &[LeaseRef],
         handlers: &[String],
         tenants: &[String],
-        token: LeaseToken,
         lease: Duration,
     ) -> StoreResult<Vec<Event>> {
-        self.inner.claim(ids, handlers, tenants, token, lease).await
+        self.inner.claim(leases, handlers, tenants, lease).await
     }
     async fn inspect(&self, ids: &[EventId]) -> StoreResult<Inspection> {
         self.inner.inspect(ids).await

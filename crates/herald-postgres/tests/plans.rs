@@ -448,7 +448,8 @@ async fn claim_probes(
     let top = analyze(
         conn,
         routine,
-        &format!("gen_random_uuid(), 30000, '{ids}', '{handlers}', '{tenants}'"),
+        // The ids themselves as the tokens: one per id.
+        &format!("'{ids}'::uuid[], 30000, '{ids}', '{handlers}', '{tenants}'"),
     )
     .await;
     (
@@ -568,7 +569,7 @@ async fn the_hot_statements_skip_the_empty_leaves() {
     let calls = [
         (
             "claim",
-            format!("gen_random_uuid(), 30000, '{ids}', '{{h0,h1,h2,h3,h4,h5,h6,h7}}', '{{t0,t1,t2,t3}}'"),
+            format!("'{ids}'::uuid[], 30000, '{ids}', '{{h0,h1,h2,h3,h4,h5,h6,h7}}', '{{t0,t1,t2,t3}}'"),
         ),
         ("settle_delete", format!("'{ids}', {nulls}, {ords}")),
         ("settle_archive", format!("'{ids}', {nulls}, {ords}")),
@@ -697,7 +698,7 @@ async fn the_hot_statements_look_in_events_cold_only_for_what_the_ring_did_not_h
             (
                 "claim",
                 format!(
-                    "{q}.claim({token}, 30000, '{ids}', '{{h0,h1,h2,h3,h4,h5,h6,h7}}', '{{t0,t1,t2,t3}}')"
+                    "{q}.claim(array_fill({token}, ARRAY[{n}]), 30000, '{ids}', '{{h0,h1,h2,h3,h4,h5,h6,h7}}', '{{t0,t1,t2,t3}}')"
                 ),
             ),
             ("settle_delete", format!("{q}.settle_delete('{ids}', {fences}, {ords})")),

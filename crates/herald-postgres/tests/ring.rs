@@ -134,10 +134,9 @@ async fn events_of_every_kind_outlive_their_leaf_unchanged() {
     let ids = [running.id, buried.id, released.id, kept.id];
     let claimed = store
         .claim(
-            &ids,
+            &herald::testkit::leases(&ids, token),
             &handlers(&["h"]),
             &["t".into()],
-            token,
             Duration::from_secs(60),
         )
         .await
@@ -385,10 +384,9 @@ async fn a_held_snapshot_does_not_keep_retired_leaves() {
     let token = LeaseToken::new();
     let claimed = store
         .claim(
-            &ids,
+            &herald::testkit::leases(&ids, token),
             &handlers(&["h"]),
             &["t".into()],
-            token,
             Duration::from_secs(60),
         )
         .await
@@ -514,10 +512,9 @@ async fn claims_and_settles_racing_turns_find_every_event() {
         let token = LeaseToken::new();
         let got = store
             .claim(
-                &pending,
+                &herald::testkit::leases(&pending, token),
                 &handlers(&["h"]),
                 &["t".into()],
-                token,
                 Duration::from_secs(60),
             )
             .await
@@ -572,10 +569,9 @@ async fn leaf_files(store: &PgStore) -> HashMap<i16, (i64, i64)> {
 async fn claim_one(store: &PgStore, id: EventId, token: LeaseToken) -> usize {
     store
         .claim(
-            &[id],
+            &herald::testkit::leases(&[id], token),
             &handlers(&["h"]),
             &["t".into()],
-            token,
             Duration::from_secs(60),
         )
         .await

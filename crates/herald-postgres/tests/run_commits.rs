@@ -74,10 +74,9 @@ async fn one_round(store: &PgStore, schema: &TestSchema) -> Vec<(String, String)
     let token = LeaseToken::new();
     let claimed = store
         .claim(
-            &ids,
+            &herald::testkit::leases(&ids, token),
             &["h".into()],
             &["acme".into()],
-            token,
             Duration::from_secs(30),
         )
         .await

@@ -87,7 +87,12 @@ async fn emit_one(store: &PgStore, e: NewEvent) -> EventId {
 async fn claim_one(store: &PgStore, id: EventId, lease: Duration) -> Option<LeaseToken> {
     let token = LeaseToken::new();
     let got = store
-        .claim(&[id], &handlers(&["h"]), &["t".into()], token, lease)
+        .claim(
+            &herald::testkit::leases(&[id], token),
+            &handlers(&["h"]),
+            &["t".into()],
+            lease,
+        )
         .await
         .unwrap();
     match got.len() {
@@ -213,10 +218,9 @@ async fn a_version_2_schema_with_events_upgrades_and_its_events_run() {
     let token = LeaseToken::new();
     let claimed = store
         .claim(
-            &ids,
+            &herald::testkit::leases(&ids, token),
             &handlers(&["h"]),
             &["t".into()],
-            token,
             Duration::from_secs(30),
         )
         .await
@@ -492,7 +496,12 @@ async fn claim_takes_the_lease_by_the_database_clock_and_increments_attempt() {
         .await;
     let got = f
         .store
-        .claim(&[id], &handlers(&["h"]), &["t".into()], token, LEASE)
+        .claim(
+            &herald::testkit::leases(&[id], token),
+            &handlers(&["h"]),
+            &["t".into()],
+            LEASE,
+        )
         .await
         .unwrap();
     let db_after: i64 = f
@@ -580,10 +589,9 @@ async fn overlapping_concurrent_batch_claims_claim_each_event_once() {
             for c in mine.chunks(chunk) {
                 let claimed = store
                     .claim(
-                        c,
+                        &herald::testkit::leases(c, LeaseToken::new()),
                         &handlers(&["h"]),
                         &["t".into()],
-                        LeaseToken::new(),
                         LEASE,
                     )
                     .await
@@ -619,7 +627,12 @@ async fn settle_reports_each_item_of_a_mixed_batch_in_order() {
         .collect();
     let token = LeaseToken::new();
     f.store
-        .claim(&ids, &handlers(&["h"]), &["t".into()], token, LEASE)
+        .claim(
+            &herald::testkit::leases(&ids, token),
+            &handlers(&["h"]),
+            &["t".into()],
+            LEASE,
+        )
         .await
         .unwrap();
     // Kinds interleaved, every third fenced by a wrong token, in reverse id order.
@@ -659,7 +672,12 @@ async fn heartbeats_and_settles_of_the_same_runs_do_not_deadlock() {
     let token = LeaseToken::new();
     let ids: Vec<EventId> = events.iter().map(|e| e.id).collect();
     f.store
-        .claim(&ids, &handlers(&["h"]), &["t".into()], token, LEASE)
+        .claim(
+            &herald::testkit::leases(&ids, token),
+            &handlers(&["h"]),
+            &["t".into()],
+            LEASE,
+        )
         .await
         .unwrap();
     let leases: Vec<LeaseRef> = ids.iter().map(|&id| LeaseRef { id, token }).collect();

@@ -70,7 +70,12 @@ async fn main() {
             while let Some(chunk) = chunks.get(next.fetch_add(1, Ordering::Relaxed)) {
                 let token = LeaseToken::new();
                 let claimed = store
-                    .claim(chunk, &handlers, &[], token, Duration::from_secs(30))
+                    .claim(
+                        &herald::testkit::leases(chunk, token),
+                        &handlers,
+                        &[],
+                        Duration::from_secs(30),
+                    )
                     .await
                     .unwrap();
                 let settle: Vec<Settle> = claimed

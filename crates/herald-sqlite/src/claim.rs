@@ -5,8 +5,8 @@ use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::time::Duration;
 
-use herald::store::{Inspected, Inspection, StoreResult};
-use herald::{Event, EventId, LeaseToken, Millis, RuleMatch};
+use herald::store::{Inspected, Inspection, LeaseRef, StoreResult};
+use herald::{Event, EventId, Millis, RuleMatch};
 use rusqlite::types::Value;
 use rusqlite::vtab::array::Array;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -47,18 +47,21 @@ pub(crate) const CLAIM_ONE_SQL: &str = "UPDATE events \
        lease_token, lease_expires_at, last_error, idempotency_key, created_at, updated_at, topic";
 
 /// The happy path in one statement for a batch: pending, due, unleased or
-/// expired, attempts left, a handler this worker has, no rule. `?1` token,
-/// `?2` new expiry, `?3` now, `?4` the ids (rarray), `?5` the handlers
-/// (rarray). `id IN rarray(?4)` is planned as a loop over the array with a
-/// primary-key search per element (`SEARCH events USING INDEX sqlite_autoindex_events_1 (id=?)`).
+/// expired, attempts left, a handler this worker has, no rule. `?1` new
+/// expiry, `?2` now, `?3` the leases (rarray of 32-byte BLOBs: the id, then
+/// its token), `?4` the handlers (rarray). The join with `?3` is planned as
+/// a loop over the array with a primary-key search per element (`SEARCH
+/// events USING INDEX sqlite_autoindex_events_1 (id=?)`), each row taking
+/// its own token.
 pub(crate) const CLAIM_BATCH_SQL: &str = "UPDATE events \
-     SET attempt = attempt + 1, lease_token = ?1, lease_expires_at = ?2, updated_at = ?3 \
-     WHERE id IN rarray(?4) \
+     SET attempt = attempt + 1, lease_token = c.token, lease_expires_at = ?1, updated_at = ?2 \
+     FROM (SELECT substr(value, 1, 16) AS id, substr(value, 17, 16) AS token FROM rarray(?3)) AS c \
+     WHERE events.id = c.id \
        AND state = 0 \
-       AND run_at <= ?3 \
-       AND (lease_expires_at IS NULL OR lease_expires_at <= ?3) \
+       AND run_at <= ?2 \
+       AND (lease_expires_at IS NULL OR lease_expires_at <= ?2) \
        AND attempt < max_attempts \
-       AND handler IN rarray(?5) \
+       AND handler IN rarray(?4) \
        AND NOT EXISTS (SELECT 1 FROM rules r \
                        WHERE r.tenant = events.tenant AND r.handler = events.handler) \
      RETURNING id, tenant, handler, payload, state, run_at, attempt, max_attempts, \
@@ -69,17 +72,17 @@ pub(crate) const CLAIM_BATCH_SQL: &str = "UPDATE events \
 pub(crate) fn one_by_one(
     conn: &Connection,
     now: Millis,
-    ids: &[[u8; 16]],
+    leases: &[LeaseRef],
     handlers: &HashSet<String>,
-    token: LeaseToken,
     lease: Duration,
 ) -> StoreResult<Vec<Event>> {
     const OP: &str = "claim";
     let mut handler_of = conn.prepare_cached(HANDLER_OF_SQL).ctx(OP)?;
     let mut take = conn.prepare_cached(CLAIM_ONE_SQL).ctx(OP)?;
-    let (token, until) = (token_blob(token), now.plus(lease).0);
-    let mut out = Vec::with_capacity(ids.len());
-    for id in ids {
+    let until = now.plus(lease).0;
+    let mut out = Vec::with_capacity(leases.len());
+    for l in leases {
+        let (id, token) = (blob(l.id), token_blob(l.token));
         let handler: Option<String> = handler_of
             .query_row([id], |r| r.get(0))
             .optional()
@@ -98,25 +101,30 @@ pub(crate) fn one_by_one(
     Ok(out)
 }
 
+/// The leases as [`CLAIM_BATCH_SQL`] binds them: each id's BLOB, then its
+/// token's.
+pub(crate) fn lease_values(leases: &[LeaseRef]) -> Vec<Value> {
+    leases
+        .iter()
+        .map(|l| Value::Blob([blob(l.id), token_blob(l.token)].concat()))
+        .collect()
+}
+
 /// [`herald::Store::claim`] for a larger batch: one statement for all the
-/// ids, bound with the handlers as `rarray`s.
+/// leases, bound with the handlers as `rarray`s.
 pub(crate) fn batch(
     conn: &Connection,
     now: Millis,
-    ids: &[Value],
+    leases: &[Value],
     handlers: &[Value],
-    token: LeaseToken,
     lease: Duration,
 ) -> StoreResult<Vec<Event>> {
     const OP: &str = "claim";
-    let ids: Array = Rc::new(ids.to_vec());
+    let leases: Array = Rc::new(leases.to_vec());
     let handlers: Array = Rc::new(handlers.to_vec());
     let mut stmt = conn.prepare_cached(CLAIM_BATCH_SQL).ctx(OP)?;
     let rows = stmt
-        .query_map(
-            params![token_blob(token), now.plus(lease).0, now.0, ids, handlers],
-            event,
-        )
+        .query_map(params![now.plus(lease).0, now.0, leases, handlers], event)
         .ctx(OP)?;
     rows.collect::<rusqlite::Result<_>>().ctx(OP)
 }

@@ -11,12 +11,11 @@ use herald::store::{
     SubscriptionSync, SweepPage, SweepPass,
 };
 use herald::{
-    AttemptError, Emitted, Event, EventId, Leadership, LeaseToken, Millis, NewEvent, Rule,
-    RuleMatch, Store, Subscription,
+    AttemptError, Emitted, Event, EventId, Leadership, Millis, NewEvent, Rule, RuleMatch, Store,
+    Subscription,
 };
 use rusqlite::types::Value;
 
-use crate::rows::blob;
 use crate::{
     admin, claim, emit, leaders, reads, rules, schedules, settle, sweep, topics, SqliteStore,
 };
@@ -33,31 +32,27 @@ impl Store for SqliteStore {
     /// probe per row, cheaper than anything the hint could save.
     async fn claim(
         &self,
-        ids: &[EventId],
+        leases: &[LeaseRef],
         handlers: &[String],
         _tenants: &[String],
-        token: LeaseToken,
         lease: Duration,
     ) -> StoreResult<Vec<Event>> {
-        if ids.is_empty() || handlers.is_empty() {
+        if leases.is_empty() || handlers.is_empty() {
             return Ok(Vec::new());
         }
-        if ids.len() > claim::CLAIM_ONE_BY_ONE {
-            let ids: Vec<Value> = ids
-                .iter()
-                .map(|&id| Value::Blob(blob(id).to_vec()))
-                .collect();
+        if leases.len() > claim::CLAIM_ONE_BY_ONE {
+            let leases = claim::lease_values(leases);
             let handlers: Vec<Value> = handlers.iter().cloned().map(Value::Text).collect();
             return self
                 .call("claim", move |conn, now| {
-                    claim::batch(conn, now, &ids, &handlers, token, lease)
+                    claim::batch(conn, now, &leases, &handlers, lease)
                 })
                 .await;
         }
-        let ids: Vec<[u8; 16]> = ids.iter().map(|&id| blob(id)).collect();
+        let leases = leases.to_vec();
         let handlers: HashSet<String> = handlers.iter().cloned().collect();
         self.call("claim", move |conn, now| {
-            claim::one_by_one(conn, now, &ids, &handlers, token, lease)
+            claim::one_by_one(conn, now, &leases, &handlers, lease)
         })
         .await
     }

@@ -81,7 +81,12 @@ async fn emit_one(store: &SqliteStore, e: NewEvent) -> EventId {
 async fn claim_one(store: &SqliteStore, id: EventId, lease: Duration) -> Option<LeaseToken> {
     let token = LeaseToken::new();
     let got = store
-        .claim(&[id], &handlers(&["h"]), &["t".into()], token, lease)
+        .claim(
+            &herald::testkit::leases(&[id], token),
+            &handlers(&["h"]),
+            &["t".into()],
+            lease,
+        )
         .await
         .unwrap();
     match got.len() {
@@ -395,10 +400,9 @@ async fn concurrent_claims_from_two_connections_have_one_winner() {
             for chunk in ids.chunks(10) {
                 let got = store
                     .claim(
-                        chunk,
+                        &herald::testkit::leases(chunk, LeaseToken::new()),
                         &handlers(&["h"]),
                         &["t".into()],
-                        LeaseToken::new(),
                         LEASE,
                     )
                     .await

@@ -142,7 +142,8 @@ pub struct Context {
     pub attempt: u32,
     /// The attempt limit.
     pub max_attempts: u32,
-    /// This run's lease token: unique per claim, so a handler can tell two
+    /// This run's lease token: unique per run (every event of a claim gets
+    /// its own), so a handler can tell two
     /// runs of one event apart (for example to make its side effects
     /// idempotent per run, or to keep a ledger of runs).
     pub lease_token: LeaseToken,

@@ -472,10 +472,12 @@ pub trait Store: Send + Sync + 'static {
     /// `notified_at` is set to each event's `run_at`: the caller publishes next.
     async fn emit(&self, events: &[NewEvent]) -> StoreResult<Vec<Emitted>>;
 
-    /// The happy path in one statement: for each id, take the lease with
-    /// `token` for `lease` if the event is pending, due, unleased or expired,
-    /// has attempts left, has a handler in `handlers`, and no rule matches.
-    /// Increments `attempt`. Returns the events claimed (as updated).
+    /// The happy path in one statement: for each of `leases`, take the
+    /// lease of its event with its token for `lease` if the event is
+    /// pending, due, unleased or expired, has attempts left, has a handler
+    /// in `handlers`, and no rule matches. Increments `attempt`. Returns the
+    /// events claimed (as updated, each with its own token). A worker gives
+    /// every event a token of its own, so a token names one run.
     ///
     /// `tenants` is a hint: the tenants the notifications named (a worker
     /// passes them, each once). A store may use it to check the rules once
@@ -484,10 +486,9 @@ pub trait Store: Send + Sync + 'static {
     /// hint costs time, never a rule.
     async fn claim(
         &self,
-        ids: &[EventId],
+        leases: &[LeaseRef],
         handlers: &[String],
         tenants: &[String],
-        token: LeaseToken,
         lease: Duration,
     ) -> StoreResult<Vec<Event>>;
 

@@ -7,9 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::model::{
-    Emitted, Event, EventId, LeaseToken, Millis, NewEvent, Rule, RuleMatch, Subscription,
-};
+use crate::model::{Emitted, Event, EventId, Millis, NewEvent, Rule, RuleMatch, Subscription};
 use crate::store::{
     EventFilter, Inspection, LeaseRef, Scheduled, Settle, Store, StoreError, StoreResult,
     SubscriptionSync, SweepPage, SweepPass,
@@ -118,13 +116,12 @@ impl Store for Faulty {
     }
     async fn claim(
         &self,
-        ids: &[EventId],
+        leases: &[LeaseRef],
         handlers: &[String],
         tenants: &[String],
-        token: LeaseToken,
         lease: Duration,
     ) -> StoreResult<Vec<Event>> {
-        self.inner.claim(ids, handlers, tenants, token, lease).await
+        self.inner.claim(leases, handlers, tenants, lease).await
     }
     async fn inspect(&self, ids: &[EventId]) -> StoreResult<Inspection> {
         self.inner.inspect(ids).await

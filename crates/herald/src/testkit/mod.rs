@@ -296,6 +296,7 @@ macro_rules! store_suite {
             emitting_the_same_id_twice_reports_existing,
             idempotency_key_is_one_live_event_per_key,
             claim_takes_the_lease_and_increments_attempt,
+            each_claimed_event_takes_its_own_token,
             claim_ignores_missing_ids_and_finished_events,
             claim_skips_an_event_that_is_not_due,
             claim_skips_a_paused_event,
@@ -390,4 +391,15 @@ macro_rules! queue_suite {
             }
         )*
     };
+}
+
+/// The leases of `ids` under one `token`: what a test claims with (a
+/// worker gives each event a token of its own).
+pub fn leases(
+    ids: &[crate::model::EventId],
+    token: crate::model::LeaseToken,
+) -> Vec<crate::store::LeaseRef> {
+    ids.iter()
+        .map(|&id| crate::store::LeaseRef { id, token })
+        .collect()
 }

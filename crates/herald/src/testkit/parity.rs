@@ -96,7 +96,12 @@ async fn claim_all(store: &dyn Store, ids: &[EventId], lease: Duration) -> Lease
     }
     let got = store
         // No tenants hint: each row is checked against the rules on its own.
-        .claim(ids, &["h".to_string()], &[], token, lease)
+        .claim(
+            &crate::testkit::leases(ids, token),
+            &["h".to_string()],
+            &[],
+            lease,
+        )
         .await
         .expect("claim");
     assert_eq!(got.len(), ids.len(), "setting up: every claim is taken");
@@ -241,10 +246,9 @@ pub async fn claim_takes_exactly_what_admit_would_claim(store: std::sync::Arc<dy
     for (i, ((s, &id), &expect)) in shapes.iter().zip(&singles).zip(&expected).enumerate() {
         let got = store
             .claim(
-                &[id],
+                &crate::testkit::leases(&[id], LeaseToken::new()),
                 &handlers_for(s),
                 &[tenant("one", i)],
-                LeaseToken::new(),
                 LEASE,
             )
             .await
@@ -269,7 +273,12 @@ pub async fn claim_takes_exactly_what_admit_would_claim(store: std::sync::Arc<dy
             .unzip();
         let handlers = vec![if known { "h" } else { "x" }.to_string()];
         let got = store
-            .claim(&ids, &handlers, &tenants, LeaseToken::new(), LEASE)
+            .claim(
+                &crate::testkit::leases(&ids, LeaseToken::new()),
+                &handlers,
+                &tenants,
+                LEASE,
+            )
             .await
             .expect("claim");
         taken.extend(got.into_iter().map(|e| e.id));

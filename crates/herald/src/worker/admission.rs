@@ -13,7 +13,7 @@ use super::{run, WorkerState};
 use crate::decision::{self, Answer, Plan, Tally, Write};
 use crate::model::{EventId, LeaseToken, Notification};
 use crate::queue::{Delivery, DeliveryTag};
-use crate::store::{Settle, StoreResult};
+use crate::store::{LeaseRef, Settle, StoreResult};
 
 /// Takes batches of notifications while claims are free, until told to stop.
 ///
@@ -193,26 +193,31 @@ async fn admit_batch(
         return;
     }
     let policy = shared.config.policy;
-    let ids: Vec<EventId> = notes.iter().map(|(id, _)| *id).collect();
+    // A token per event: a token names one run (HERALD_LEASE_TOKEN).
+    let leases: Vec<LeaseRef> = notes
+        .iter()
+        .map(|(id, _)| LeaseRef {
+            id: *id,
+            token: LeaseToken::new(),
+        })
+        .collect();
     let tenants = tenants_named(&notes);
-    let token = LeaseToken::new();
     // The store's expiry is at least this plus the lease: the statement
     // runs after it is sent.
     let sent = std::time::Instant::now();
     let claimed = match shared
         .store
         .claim(
-            &ids,
+            &leases,
             &shared.handler_names,
             &tenants,
-            token,
             shared.config.lease,
         )
         .await
     {
         Ok(c) => c,
         Err(e) => {
-            tracing::warn!(error = %e, events = ids.len(), "claim failed; notifications go back to the queue");
+            tracing::warn!(error = %e, events = leases.len(), "claim failed; notifications go back to the queue");
             shared.record(RunEvent::StoreFailed);
             return requeue_all(&shared, notes, decision::store_failed(&policy)).await;
         }
@@ -222,11 +227,17 @@ async fn admit_batch(
     let mut rest = Vec::new();
     for (id, message) in notes {
         match claimed.remove(&id) {
+            // Each with the token its lease was taken with.
             Some(event) => {
+                let Some(token) = event.lease.as_ref().map(|l| l.token) else {
+                    // A store returns claimed events with their lease.
+                    rest.push((id, message));
+                    continue;
+                };
                 // None past the claims taken: a message larger than the
                 // free claims overshoots by its size.
                 let claim = claims.split(1);
-                let held_until = sent + shared.config.lease;
+                let deadline = super::heartbeat::deadline(sent, shared.config.lease);
                 run::start(
                     &shared,
                     event,
@@ -234,7 +245,7 @@ async fn admit_batch(
                     message,
                     claim,
                     ended.clone(),
-                    held_until,
+                    deadline,
                 );
             }
             None => rest.push((id, message)),

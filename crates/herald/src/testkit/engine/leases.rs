@@ -23,10 +23,9 @@ pub async fn expired_lease_is_claimed_and_run(store: Arc<dyn Store>) {
     let got = rig
         .store
         .claim(
-            &[id],
+            &crate::testkit::leases(&[id], dead_worker),
             &[H.to_string()],
             &[T.to_string()],
-            dead_worker,
             Duration::ZERO,
         )
         .await
@@ -47,10 +46,9 @@ pub async fn live_lease_is_not_run_and_kept(store: Arc<dyn Store>) {
     let holder = LeaseToken::new();
     rig.store
         .claim(
-            &[id],
+            &crate::testkit::leases(&[id], holder),
             &[H.to_string()],
             &[T.to_string()],
-            holder,
             Duration::from_secs(3600),
         )
         .await

@@ -104,10 +104,9 @@ pub async fn a_message_redelivered_after_its_worker_died_runs_what_is_left(store
     let claimed = rig
         .store
         .claim(
-            &ids,
+            &crate::testkit::leases(&ids, dead),
             &[H.to_string()],
             &[T.to_string()],
-            dead,
             Duration::from_millis(800),
         )
         .await

@@ -360,7 +360,12 @@ impl Rig {
         let token = LeaseToken::new();
         let got = self
             .store
-            .claim(&[id], &[handler], &[tenant], token, lease)
+            .claim(
+                &crate::testkit::leases(&[id], token),
+                &[handler],
+                &[tenant],
+                lease,
+            )
             .await
             .expect("claim");
         assert_eq!(got.len(), 1, "the stolen lease was claimed");

@@ -9,7 +9,7 @@ use super::{
     store_now, tenants, LEASE, PAST_SHORT, SHORT,
 };
 use crate::model::{EventId, EventState, LeaseToken};
-use crate::store::{Finish, Store};
+use crate::store::{Finish, LeaseRef, Store};
 
 /// LockClaim, won: the claim writes the token and `now + lease`, increments
 /// `attempt`, and returns the event as updated (as `get` then reads it).
@@ -19,7 +19,12 @@ pub async fn claim_takes_the_lease_and_increments_attempt(store: Arc<dyn Store>)
     let token = LeaseToken::new();
     let before = store_now(store).await;
     let got = store
-        .claim(&[id], &handlers(&["h"]), &tenants(&["t"]), token, LEASE)
+        .claim(
+            &crate::testkit::leases(&[id], token),
+            &handlers(&["h"]),
+            &tenants(&["t"]),
+            LEASE,
+        )
         .await
         .expect("claim");
     let after = store_now(store).await;
@@ -35,6 +40,37 @@ pub async fn claim_takes_the_lease_and_increments_attempt(store: Arc<dyn Store>)
     assert_eq!(e.updated_at, lease.expires_at.minus(LEASE));
     // As stored.
     assert_eq!(&get(store, id).await, e);
+}
+
+/// Each event of a claim takes the token given with it, so a token names
+/// one run: in a batch (one statement for many ids) and one by one; each
+/// settles with its own token only.
+pub async fn each_claimed_event_takes_its_own_token(store: Arc<dyn Store>) {
+    let store = store.as_ref();
+    for n in [2, 9] {
+        let mut leases = Vec::new();
+        for _ in 0..n {
+            let id = emit_one(store, new_event("t", "h")).await;
+            leases.push(LeaseRef {
+                id,
+                token: LeaseToken::new(),
+            });
+        }
+        let got = store
+            .claim(&leases, &handlers(&["h"]), &tenants(&["t"]), LEASE)
+            .await
+            .expect("claim");
+        assert_eq!(got.len(), n);
+        for l in &leases {
+            let e = got.iter().find(|e| e.id == l.id).expect("claimed");
+            assert_eq!(e.lease.map(|x| x.token), Some(l.token), "batch of {n}");
+            assert_eq!(get(store, l.id).await.lease.map(|x| x.token), Some(l.token));
+        }
+        // Another event's token fences this one out.
+        let (a, b) = (leases[0], leases[1]);
+        assert!(!settle_one(store, a.id, Some(b.token), Finish::Delete).await);
+        assert!(settle_one(store, a.id, Some(a.token), Finish::Delete).await);
+    }
 }
 
 /// EventLoad: a missing id, a dead event and a done event are not claimed.
@@ -99,10 +135,9 @@ pub async fn claim_checks_rules_row_by_row_across_handlers(store: Arc<dyn Store>
     ids.sort();
     let got: HashSet<EventId> = store
         .claim(
-            &ids,
+            &crate::testkit::leases(&ids, LeaseToken::new()),
             &handlers(&["h", "h2"]),
             &tenants(&["t", "u"]),
-            LeaseToken::new(),
             LEASE,
         )
         .await
@@ -135,10 +170,9 @@ pub async fn claim_holds_a_paused_event_whatever_tenants_it_is_told(store: Arc<d
         ids.sort();
         let got: Vec<EventId> = store
             .claim(
-                &ids,
+                &crate::testkit::leases(&ids, LeaseToken::new()),
                 &handlers(&["h"]),
                 &tenants(hint),
-                LeaseToken::new(),
                 LEASE,
             )
             .await
@@ -217,17 +251,21 @@ pub async fn claim_skips_a_handler_the_worker_does_not_have(store: Arc<dyn Store
     let id = emit_one(store, new_event("t", "other")).await;
     assert_eq!(claim_one(store, id, LEASE).await, None);
     let none = store
-        .claim(&[id], &[], &tenants(&["t"]), LeaseToken::new(), LEASE)
+        .claim(
+            &crate::testkit::leases(&[id], LeaseToken::new()),
+            &[],
+            &tenants(&["t"]),
+            LEASE,
+        )
         .await
         .expect("claim");
     assert!(none.is_empty());
     assert_eq!(get(store, id).await.attempt, 0);
     let got = store
         .claim(
-            &[id],
+            &crate::testkit::leases(&[id], LeaseToken::new()),
             &handlers(&["h", "other"]),
             &tenants(&["t"]),
-            LeaseToken::new(),
             LEASE,
         )
         .await
@@ -288,10 +326,9 @@ pub async fn claim_of_a_batch_returns_only_the_claimable(store: Arc<dyn Store>) 
     let token = LeaseToken::new();
     let got = store
         .claim(
-            &ids,
+            &crate::testkit::leases(&ids, token),
             &handlers(&["h"]),
             &tenants(&["b", "p", "t"]),
-            token,
             LEASE,
         )
         .await
@@ -321,10 +358,9 @@ pub async fn claims_of_one_or_a_few_ids_agree_with_the_batch(store: Arc<dyn Stor
     for chunk in singles.chunks(1).chain(pairs.chunks(2)) {
         let claimed = store
             .claim(
-                chunk,
+                &crate::testkit::leases(chunk, LeaseToken::new()),
                 &handlers(&["h"]),
                 &tenants(&["t"]),
-                LeaseToken::new(),
                 LEASE,
             )
             .await
@@ -349,7 +385,12 @@ pub async fn sixteen_concurrent_claims_of_one_event_have_one_winner(store: Arc<d
                     barrier.wait().await;
                     let token = LeaseToken::new();
                     let got = store
-                        .claim(&[id], &handlers(&["h"]), &tenants(&["t"]), token, LEASE)
+                        .claim(
+                            &crate::testkit::leases(&[id], token),
+                            &handlers(&["h"]),
+                            &tenants(&["t"]),
+                            LEASE,
+                        )
                         .await
                         .expect("claim");
                     (got.len(), token)

@@ -141,7 +141,12 @@ async fn emit_all(store: &dyn Store, events: &[NewEvent]) -> Vec<EventId> {
 async fn claim_one(store: &dyn Store, id: EventId, lease: Duration) -> Option<LeaseToken> {
     let token = LeaseToken::new();
     let got = store
-        .claim(&[id], &handlers(&["h"]), &tenants(&["t"]), token, lease)
+        .claim(
+            &crate::testkit::leases(&[id], token),
+            &handlers(&["h"]),
+            &tenants(&["t"]),
+            lease,
+        )
         .await
         .expect("claim");
     match got.len() {

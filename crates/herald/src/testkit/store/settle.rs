@@ -27,7 +27,12 @@ pub async fn settle_delete_archive_and_bury(store: Arc<dyn Store>) {
     .await;
     let token = LeaseToken::new();
     let claimed = store
-        .claim(&ids, &handlers(&["h"]), &tenants(&["t"]), token, LEASE)
+        .claim(
+            &crate::testkit::leases(&ids, token),
+            &handlers(&["h"]),
+            &tenants(&["t"]),
+            LEASE,
+        )
         .await
         .expect("claim");
     assert_eq!(claimed.len(), 3);
