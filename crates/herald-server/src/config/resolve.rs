@@ -199,17 +199,18 @@ fn resolve_limits(raw: &FileConfig, err: &Refuse<'_>) -> Result<Limits, ConfigEr
             ))
         }
     };
-    let emit_timeout =
-        match raw.emit_timeout {
-            None => herald::client::DEFAULT_EMIT_TIMEOUT,
-            Some(Dur(d)) if !d.is_zero() && d <= Duration::from_secs(600) => d,
-            Some(Dur(d)) => return Err(err(
+    let emit_timeout = match raw.emit_timeout {
+        None => herald::client::DEFAULT_EMIT_TIMEOUT,
+        Some(Dur(d)) if !d.is_zero() && d <= Duration::from_secs(600) => d,
+        Some(Dur(d)) => {
+            return Err(err(
                 "emit_timeout",
                 format!(
                     "{d:?} is out of range: write more than 0s and up to 10m (5s is the default)"
                 ),
-            )),
-        };
+            ))
+        }
+    };
     let notify_wait = match raw.notify_wait {
         None => herald::client::DEFAULT_NOTIFY_WAIT,
         Some(Dur(d)) if d <= Duration::from_secs(10) => d,
