@@ -221,6 +221,12 @@ fn resolve_limits(raw: &FileConfig, err: &Refuse<'_>) -> Result<Limits, ConfigEr
             ))
         }
     };
+    if notify_wait >= emit_timeout {
+        return Err(err(
+            "notify_wait",
+            format!("{notify_wait:?} is not shorter than emit_timeout ({emit_timeout:?}): an emit's bound holds its wait for the publish"),
+        ));
+    }
     let idempotency_window = match raw.idempotency_window {
         None => herald::DEFAULT_IDEMPOTENCY_WINDOW,
         Some(Dur(d)) if !d.is_zero() => d,
