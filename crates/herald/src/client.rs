@@ -83,7 +83,7 @@ pub enum ClientError {
 pub struct SubscriberEmitted {
     /// The subscribed handler.
     pub handler: String,
-    /// Its event: new, or the live one holding the idempotency key.
+    /// Its event: new, or the one its idempotency key names.
     pub emitted: Emitted,
 }
 
@@ -107,7 +107,12 @@ pub struct EmitOptions {
     /// [`Client::emit_many`], [`EmitRequest::job`]), and
     /// [`DEFAULT_MAX_ATTEMPTS`] (10) for raw JSON.
     pub max_attempts: Option<u32>,
-    /// One live event per `(tenant, handler, key)`: a second emit returns the first's id.
+    /// One event per `(tenant, handler, key)`: a second emit returns the
+    /// first's id, while the first is stored and for the store's
+    /// idempotency window after the emit even once it finished (24 h by
+    /// default: `with_idempotency_window` of the PostgreSQL and SQLite
+    /// stores, herald.toml `idempotency_window`), so an emit retried after
+    /// a timeout never stores a second event.
     pub idempotency_key: Option<String>,
 }
 
