@@ -455,7 +455,7 @@ mod tests {
             assert_eq!(t.elapsed(), wait, "the wait, no longer (linger {linger:?})");
             assert_eq!(queue.inner.len(), 0, "still held");
             queue.open();
-            while queue.inner.len() < 1 {
+            while queue.inner.is_empty() {
                 tokio::task::yield_now().await;
             }
         }
