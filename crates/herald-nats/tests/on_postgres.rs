@@ -761,3 +761,87 @@ async fn every_event_runs_once_across_a_nats_restart() {
         "{n} events; NATS down for {outage:?}; the emit while it was down took {emit_took:?}"
     );
 }
+
+/// What an emit may take while NATS is down: the client's notify wait
+/// (250 ms by default) and the store's write, with room for a loaded
+/// machine; a publish retried against the absent broker takes seconds.
+const PROMPT: Duration = Duration::from_secs(1);
+
+/// Emits while the nats-server is down store their events and answer
+/// within [`PROMPT`] (the client waits for the publish at most its notify
+/// wait; the publish goes on, or fails, in the background); once the
+/// server is back, every one of those events runs, exactly once (the
+/// reconciler notifies those whose publish failed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn emits_while_nats_is_down_answer_promptly_and_their_events_run_after() {
+    let test = test_name();
+    let lease = Duration::from_secs(2);
+    let Some((store, _schema)) = fresh_schema(&test).await else {
+        return;
+    };
+    let store = Arc::new(store);
+    let mut server = match OwnServer::start().await {
+        Ok(s) => s,
+        Err(e) => {
+            unreachable(&test, "a nats-server of its own", &e);
+            return;
+        }
+    };
+    let nats = NatsConfig::new(server.url(), "herald", lease);
+    let client_queue = Arc::new(NatsQueue::connect(nats.clone()).await.unwrap());
+    let worker_queue = Arc::new(NatsQueue::connect(nats).await.unwrap());
+    let client = Client::new(store.clone(), client_queue);
+    let ledger = Ledger::default();
+    let worker = recording_worker(
+        another_store(&store).await,
+        worker_queue,
+        config(lease),
+        &ledger,
+    );
+    let mut ids = Vec::new();
+    for e in client.emit_batch(requests(5, H, "{}")).await.unwrap() {
+        ids.push(e.id());
+    }
+
+    server.stop();
+    let mut slowest = Duration::ZERO;
+    for i in 0..10 {
+        let t = Instant::now();
+        let batch = requests(if i % 2 == 0 { 1 } else { 3 }, H, "{}");
+        let emitted = client
+            .emit_batch(batch)
+            .await
+            .expect("an emit while NATS is down stores its events");
+        let took = t.elapsed();
+        slowest = slowest.max(took);
+        assert!(
+            took <= PROMPT,
+            "emit {i} while NATS was down took {took:?}, over {PROMPT:?}"
+        );
+        ids.extend(emitted.iter().map(|e| e.id()));
+    }
+    server.restart().await.expect("restart nats-server");
+
+    let n = ids.len();
+    wait_for("every event to run", Duration::from_secs(60), || {
+        let ledger = ledger.clone();
+        async move {
+            let d = ledger.distinct();
+            (d >= n, format!("{d} of {n} events ran"))
+        }
+    })
+    .await;
+    wait_for("every event to be deleted", Duration::from_secs(30), || {
+        let store = store.clone();
+        async move {
+            let left = stored(store.as_ref()).await;
+            (left == 0, format!("{left} events still stored"))
+        }
+    })
+    .await;
+    for id in &ids {
+        assert_eq!(ledger.runs_of(*id), 1, "event {id} ran more than once");
+    }
+    worker.shutdown(Duration::from_secs(10)).await;
+    eprintln!("{n} events; the slowest emit while NATS was down took {slowest:?}");
+}

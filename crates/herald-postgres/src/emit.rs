@@ -1,17 +1,18 @@
 //! Storing new events: one insert per batch, look-ups for the idempotency
-//! keys that conflicted, and the tries again after a lost connection.
+//! keys (their stored rows first, then the live events of those that
+//! conflicted), and the tries again after a lost connection.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use herald::store::StoreResult;
-use herald::{Emitted, EventId, NewEvent, StoreError};
+use herald::{Emitted, EventId, Millis, NewEvent, StoreError};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::retry::rand_millis;
-use crate::rows::{max_attempts, Ctx, DbResult};
+use crate::rows::{limit_i64, max_attempts, Ctx, DbResult};
 use crate::PgStore;
 
 /// Tries of an emit whose connection was lost, and the pause before the
@@ -78,6 +79,22 @@ impl PgStore {
             first_of_id.insert(e.id, i);
             todo.push(i);
         }
+        // A key stored by an earlier emit names its event, finished or not
+        // (ADR 0013): one look-up for the batch's keys.
+        let keyed: Vec<usize> = todo
+            .iter()
+            .copied()
+            .filter(|&i| events[i].idempotency_key.is_some())
+            .collect();
+        if !keyed.is_empty() {
+            let rows = self
+                .key_rows(conn, &self.sql.stored_keys, events, &keyed)
+                .await?;
+            for (i, id) in rows {
+                out[i as usize] = Some(Emitted::Existing(EventId(id)));
+            }
+            todo.retain(|&i| out[i].is_none());
+        }
         // An idempotent hit can race with the live event's end (deleted
         // between our conflict and our look-up): try again, a few times.
         for _round in 0..5 {
@@ -85,7 +102,12 @@ impl PgStore {
                 break;
             }
             let batch: Vec<&NewEvent> = todo.iter().map(|&i| &events[i]).collect();
-            let inserted: HashSet<Uuid> = sqlx::query_scalar::<_, Uuid>(&self.sql.emit)
+            let insert = if batch.iter().any(|e| e.idempotency_key.is_some()) {
+                &self.sql.emit_keyed
+            } else {
+                &self.sql.emit
+            };
+            let inserted: HashSet<Uuid> = sqlx::query_scalar::<_, Uuid>(insert)
                 .bind(batch.iter().map(|e| e.id.0).collect::<Vec<_>>())
                 .bind(batch.iter().map(|e| e.tenant.as_str()).collect::<Vec<_>>())
                 .bind(batch.iter().map(|e| e.handler.as_str()).collect::<Vec<_>>())
@@ -126,29 +148,9 @@ impl PgStore {
             if keyed.is_empty() {
                 break;
             }
-            let rows: Vec<(i32, Uuid)> = sqlx::query_as(&self.sql.existing_keys)
-                .bind(
-                    keyed
-                        .iter()
-                        .map(|&i| events[i].tenant.as_str())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    keyed
-                        .iter()
-                        .map(|&i| events[i].handler.as_str())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    keyed
-                        .iter()
-                        .map(|&i| events[i].idempotency_key.as_deref().unwrap_or_default())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(keyed.iter().map(|&i| i as i32).collect::<Vec<_>>())
-                .fetch_all(&mut *conn)
-                .await
-                .ctx(OP)?;
+            let rows = self
+                .key_rows(conn, &self.sql.existing_keys, events, &keyed)
+                .await?;
             for (i, id) in rows {
                 out[i as usize] = Some(Emitted::Existing(EventId(id)));
             }
@@ -192,6 +194,52 @@ impl PgStore {
             .into_iter()
             .map(|e| e.expect("every event is resolved"))
             .collect())
+    }
+
+    /// The events that hold the keys of `events[i]` for each `i` of `keyed`,
+    /// by `statement` ([`crate::sql::Sql::stored_keys`] or
+    /// [`crate::sql::Sql::existing_keys`]): `(i, id)` for those held.
+    async fn key_rows(
+        &self,
+        conn: &mut PgConnection,
+        statement: &str,
+        events: &[NewEvent],
+        keyed: &[usize],
+    ) -> DbResult<Vec<(i32, Uuid)>> {
+        sqlx::query_as(statement)
+            .bind(
+                keyed
+                    .iter()
+                    .map(|&i| events[i].tenant.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                keyed
+                    .iter()
+                    .map(|&i| events[i].handler.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                keyed
+                    .iter()
+                    .map(|&i| events[i].idempotency_key.as_deref().unwrap_or_default())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(keyed.iter().map(|&i| i as i32).collect::<Vec<_>>())
+            .fetch_all(&mut *conn)
+            .await
+            .ctx("emit")
+    }
+
+    /// One try of [`herald::Store::purge_keys`].
+    pub(crate) async fn purge_keys_once(&self, before: Millis, limit: usize) -> DbResult<u64> {
+        let gone: i64 = sqlx::query_scalar(&self.sql.purge_keys)
+            .bind(before.0)
+            .bind(limit_i64(limit))
+            .fetch_one(&self.pool)
+            .await
+            .ctx("purge_keys")?;
+        Ok(gone.max(0) as u64)
     }
 
     /// [`herald::Store::emit`] once: a single statement when no event has a key,
@@ -238,7 +286,6 @@ impl PgStore {
 
 #[cfg(test)]
 mod tests {
-    use herald::Millis;
 
     use super::*;
 

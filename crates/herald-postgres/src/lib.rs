@@ -52,6 +52,7 @@ pub mod testing;
 mod topics;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use herald::store::StoreResult;
 use herald::{Emitted, NewEvent, StoreError};
@@ -76,6 +77,9 @@ pub struct PgStore {
     sql: Arc<Sql>,
     location: Arc<str>,
     ring_times: RingTimes,
+    /// How long an idempotency key names its event at least
+    /// ([`PgStore::with_idempotency_window`]).
+    idempotency_window: Duration,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -179,6 +183,7 @@ impl PgStore {
             location: location.into(),
             pool,
             ring_times: RingTimes::default(),
+            idempotency_window: herald::DEFAULT_IDEMPOTENCY_WINDOW,
         })
     }
 
@@ -209,6 +214,21 @@ impl PgStore {
     pub fn with_ring_times(mut self, times: RingTimes) -> PgStore {
         self.ring_times = times;
         self
+    }
+
+    /// Sets how long an idempotency key keeps naming its event after the
+    /// emit that stored it (default [`herald::DEFAULT_IDEMPOTENCY_WINDOW`],
+    /// 24 h): an emit with the key within it returns that event, even if it
+    /// has finished. [`herald::Store::upkeep`] (the elected reconciler's
+    /// pass) purges older keys whose events are no longer live.
+    pub fn with_idempotency_window(mut self, window: Duration) -> PgStore {
+        self.idempotency_window = window;
+        self
+    }
+
+    /// The idempotency window ([`PgStore::with_idempotency_window`]).
+    pub fn idempotency_window(&self) -> Duration {
+        self.idempotency_window
     }
 
     /// Which of claims and settles wait for their commit's WAL flush

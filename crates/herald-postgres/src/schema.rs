@@ -20,7 +20,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0010_skip_empty_leaves.sql"),
     include_str!("../migrations/0011_retire_untouched_leaves.sql"),
     include_str!("../migrations/0012_cold_only_when_missing.sql"),
-    include_str!("../migrations/0013_token_per_event.sql"),
+    include_str!("../migrations/0013_idempotency_keys.sql"),
+    include_str!("../migrations/0014_token_per_event.sql"),
 ];
 
 /// The newest schema version this build knows.

@@ -159,6 +159,44 @@ const RENEW: &str = "SELECT * FROM {s}.renew($1, $2, $3, $4)";
 const EMIT: &str = "SELECT * FROM {s}.emit($1::uuid[], $2::text[], $3::text[], $4::text[], \
      $5::int8[], $6::int4[], $7::text[], $8::text[])";
 
+/// [`EMIT`] for a batch with idempotency keys: the same insert, and in the
+/// same statement a key row for each keyed event it created, naming it
+/// (migration 13). A key that has a row already keeps it (two emits that
+/// raced past the look-up below: the first one's row stays).
+const EMIT_KEYED: &str = "WITH ins AS (SELECT * FROM {s}.emit($1::uuid[], $2::text[], \
+     $3::text[], $4::text[], $5::int8[], $6::int4[], $7::text[], $8::text[]) AS i(id)), \
+     keys AS (INSERT INTO {s}.idempotency_keys (tenant, handler, key, event_id, stored_at) \
+     SELECT u.tenant, u.handler, u.key, u.id, {now} \
+     FROM unnest($1::uuid[], $2::text[], $3::text[], $7::text[]) AS u(id, tenant, handler, key) \
+     WHERE u.key IS NOT NULL AND u.id IN (SELECT ins.id FROM ins) \
+     ON CONFLICT DO NOTHING) \
+     SELECT ins.id FROM ins";
+
+/// The events stored idempotency keys name, one primary-key probe per key:
+/// `$1` tenants, `$2` handlers, `$3` keys, `$4` positions.
+const STORED_KEYS: &str = "SELECT u.pos, k.event_id \
+     FROM unnest($1::text[], $2::text[], $3::text[], $4::int4[]) AS u(tenant, handler, key, pos) \
+     JOIN {s}.idempotency_keys AS k \
+       ON k.tenant = u.tenant AND k.handler = u.handler AND k.key = u.key";
+
+/// [`herald::Store::purge_keys`]: up to `$2` keys stored before `$1`,
+/// oldest first; those whose event is no longer live (no live event holds
+/// the key: one probe of the live-key index) are deleted, the others get
+/// `stored_at` reset to now. Returns the number deleted.
+const PURGE_KEYS: &str = "WITH due AS (\
+       SELECT k.tenant, k.handler, k.key, EXISTS (SELECT 1 FROM {s}.events AS e \
+         WHERE e.tenant = k.tenant AND e.handler = k.handler \
+           AND e.idempotency_key = k.key AND e.state = 0) AS live \
+       FROM {s}.idempotency_keys AS k WHERE k.stored_at < $1 \
+       ORDER BY k.stored_at LIMIT $2 FOR UPDATE OF k SKIP LOCKED), \
+     kept AS (UPDATE {s}.idempotency_keys AS k SET stored_at = {now} FROM due \
+       WHERE due.live AND k.tenant = due.tenant AND k.handler = due.handler \
+         AND k.key = due.key RETURNING 1), \
+     gone AS (DELETE FROM {s}.idempotency_keys AS k USING due \
+       WHERE NOT due.live AND k.tenant = due.tenant AND k.handler = due.handler \
+         AND k.key = due.key RETURNING 1) \
+     SELECT count(*) FROM gone";
+
 /// The live events holding idempotency keys, one index probe per key. `$4`
 /// positions.
 const EXISTING_KEYS: &str = "SELECT * FROM {s}.existing_keys($1, $2, $3, $4)";
@@ -373,6 +411,9 @@ pub(crate) struct Sql {
     pub(crate) settle_bury: String,
     pub(crate) renew: String,
     pub(crate) emit: String,
+    pub(crate) emit_keyed: String,
+    pub(crate) stored_keys: String,
+    pub(crate) purge_keys: String,
     pub(crate) existing_keys: String,
     pub(crate) existing_ids: String,
     pub(crate) renotify: String,
@@ -427,6 +468,9 @@ impl Sql {
             settle_bury: settle(SETTLE_BURY),
             renew: f(RENEW),
             emit: f(EMIT),
+            emit_keyed: f(EMIT_KEYED),
+            stored_keys: f(STORED_KEYS),
+            purge_keys: f(PURGE_KEYS),
             existing_keys: f(EXISTING_KEYS),
             existing_ids: f(EXISTING_IDS),
             renotify: f(RENOTIFY),

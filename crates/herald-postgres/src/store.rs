@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use herald::store::{
     CountsQuery, EventFilter, HandlerCounts, Inspection, LeaseRef, Scheduled, Settle, StoreResult,
-    SubscriptionSync, SweepPage, SweepPass,
+    SubscriptionSync, SweepPage, SweepPass, KEY_PURGE_PAGE, KEY_PURGE_PAGES,
 };
 use herald::{
     AttemptError, Emitted, Event, EventId, Leadership, Millis, NewEvent, Rule, RuleMatch, Store,
@@ -175,8 +175,24 @@ impl Store for PgStore {
             .map(|_| ())
     }
 
+    /// Turns the ring, then purges the idempotency keys older than the
+    /// window, a page at a time, at most [`KEY_PURGE_PAGES`] pages a pass.
     async fn upkeep(&self) -> StoreResult<()> {
-        retry("upkeep", || self.turn_ring()).await
+        retry("upkeep", || self.turn_ring()).await?;
+        let before = Millis::now().minus(self.idempotency_window());
+        for _ in 0..KEY_PURGE_PAGES {
+            if (self.purge_keys(before, KEY_PURGE_PAGE).await? as usize) < KEY_PURGE_PAGE {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    async fn purge_keys(&self, before: Millis, limit: usize) -> StoreResult<u64> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        retry("purge_keys", || self.purge_keys_once(before, limit)).await
     }
 
     async fn purge(

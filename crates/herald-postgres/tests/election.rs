@@ -141,6 +141,9 @@ impl Store for SweepSpy {
     ) -> StoreResult<u64> {
         self.inner.purge(dead_before, done_before, limit).await
     }
+    async fn purge_keys(&self, before: Millis, limit: usize) -> StoreResult<u64> {
+        self.inner.purge_keys(before, limit).await
+    }
     async fn upkeep(&self) -> StoreResult<()> {
         self.inner.upkeep().await
     }

@@ -210,6 +210,8 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
             .max_payload(config.max_payload_bytes)
             .notify_linger(config.notify_linger)
             .notify_publishes(config.notify_publishes)
+            .notify_wait(config.notify_wait)
+            .emit_timeout(config.emit_timeout)
             .group_commit(config.group_commit_writes),
         tokens,
         tracker,
@@ -330,7 +332,7 @@ pub(crate) async fn open_store(config: &ServeConfig) -> Result<Arc<dyn Store>, S
             let store = tokio::task::spawn_blocking(move || SqliteStore::open(path))
                 .await
                 .map_err(|e| StoreError::backend(context, e))??;
-            Arc::new(store)
+            Arc::new(store.with_idempotency_window(config.idempotency_window))
         }
         StoreLocation::Postgres(url) => {
             let location = config.store.to_string();
@@ -348,7 +350,11 @@ pub(crate) async fn open_store(config: &ServeConfig) -> Result<Arc<dyn Store>, S
                 "which run commits skip their WAL flush (emits never do; ADR 0012)"
             );
             let store = PgStore::connect_with(pool, options, &config.pg_schema).await?;
-            Arc::new(store.with_run_commits(runs))
+            Arc::new(
+                store
+                    .with_run_commits(runs)
+                    .with_idempotency_window(config.idempotency_window),
+            )
         }
     })
 }

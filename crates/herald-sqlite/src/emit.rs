@@ -1,19 +1,32 @@
 //! Storing new events: one insert per event, after a look-up of its
-//! idempotency key.
+//! idempotency key; a keyed event's key row is written with it, so that
+//! the key names it after it finished too (ADR 0013).
 
 use herald::store::StoreResult;
 use herald::{Emitted, Millis, NewEvent};
 use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::rows::{blob, event_id, Ctx};
+use crate::rows::{blob, event_id, sql_limit, Ctx};
 
 /// The live event with an idempotency key: `?1` tenant, `?2` handler, `?3`
 /// key. The literal `state = 0` lets the planner use the partial unique index.
 pub(crate) const EXISTING_KEY_SQL: &str = "SELECT id FROM events \
      WHERE tenant = ?1 AND handler = ?2 AND idempotency_key = ?3 AND state = 0";
 
+/// The event a stored key names: `?1` tenant, `?2` handler, `?3` key.
+pub(crate) const KEY_SQL: &str = "SELECT event_id FROM idempotency_keys \
+     WHERE tenant = ?1 AND handler = ?2 AND key = ?3";
+
+/// A key's row, naming its event: `?1` tenant, `?2` handler, `?3` key, `?4`
+/// event id, `?5` now.
+pub(crate) const STORE_KEY_SQL: &str = "INSERT INTO idempotency_keys \
+     (tenant, handler, key, event_id, stored_at) VALUES (?1, ?2, ?3, ?4, ?5) \
+     ON CONFLICT (tenant, handler, key) DO UPDATE SET event_id = excluded.event_id, \
+     stored_at = excluded.stored_at";
+
 /// [`herald::Store::emit`]: each event created, or the one that already
-/// holds its id or its idempotency key.
+/// holds its id or its idempotency key (a stored key, or a live event that
+/// has none: emitted before keys were stored, or revived).
 pub(crate) fn emit(
     conn: &Connection,
     now: Millis,
@@ -21,6 +34,8 @@ pub(crate) fn emit(
 ) -> StoreResult<Vec<Emitted>> {
     const OP: &str = "emit";
     let mut existing = conn.prepare_cached(EXISTING_KEY_SQL).ctx(OP)?;
+    let mut stored_key = conn.prepare_cached(KEY_SQL).ctx(OP)?;
+    let mut store_key = conn.prepare_cached(STORE_KEY_SQL).ctx(OP)?;
     let mut insert = conn
         .prepare_cached(
             "INSERT INTO events (id, tenant, handler, payload, state, run_at, attempt, \
@@ -32,11 +47,22 @@ pub(crate) fn emit(
     let mut out = Vec::with_capacity(events.len());
     for e in events {
         if let Some(key) = &e.idempotency_key {
-            let found = existing
+            let named = stored_key
                 .query_row(params![e.tenant, e.handler, key], |r| event_id(r, 0))
                 .optional()
                 .ctx(OP)?;
-            if let Some(id) = found {
+            if let Some(id) = named {
+                out.push(Emitted::Existing(id));
+                continue;
+            }
+            let live = existing
+                .query_row(params![e.tenant, e.handler, key], |r| event_id(r, 0))
+                .optional()
+                .ctx(OP)?;
+            if let Some(id) = live {
+                store_key
+                    .execute(params![e.tenant, e.handler, key, blob(id), now.0])
+                    .ctx(OP)?;
                 out.push(Emitted::Existing(id));
                 continue;
             }
@@ -54,6 +80,11 @@ pub(crate) fn emit(
                 e.topic,
             ])
             .ctx(OP)?;
+        if let (1, Some(key)) = (n, &e.idempotency_key) {
+            store_key
+                .execute(params![e.tenant, e.handler, key, blob(e.id), now.0])
+                .ctx(OP)?;
+        }
         // An id that is already stored: a retried emit whose first
         // try committed. Report it rather than failing the batch.
         out.push(if n == 1 {
@@ -63,4 +94,49 @@ pub(crate) fn emit(
         });
     }
     Ok(out)
+}
+
+/// The keys stored before `before`, oldest first, at most `?2`: `?1` before.
+/// Whether each one's event is live is looked up by the live-key index.
+const DUE_KEYS_SQL: &str = "SELECT k.tenant, k.handler, k.key, EXISTS (SELECT 1 FROM events e \
+     WHERE e.tenant = k.tenant AND e.handler = k.handler AND e.idempotency_key = k.key \
+     AND e.state = 0) FROM idempotency_keys k WHERE k.stored_at < ?1 \
+     ORDER BY k.stored_at LIMIT ?2";
+
+const DELETE_KEY_SQL: &str =
+    "DELETE FROM idempotency_keys WHERE tenant = ?1 AND handler = ?2 AND key = ?3";
+
+const KEEP_KEY_SQL: &str =
+    "UPDATE idempotency_keys SET stored_at = ?4 WHERE tenant = ?1 AND handler = ?2 AND key = ?3";
+
+/// [`herald::Store::purge_keys`]: up to `limit` keys stored before
+/// `before`; those of events no longer live go, the others are kept with
+/// their time reset to `now`. Returns how many went.
+pub(crate) fn purge_keys(
+    conn: &Connection,
+    now: Millis,
+    before: Millis,
+    limit: usize,
+) -> StoreResult<u64> {
+    const OP: &str = "purge_keys";
+    let due: Vec<(String, String, String, bool)> = conn
+        .prepare_cached(DUE_KEYS_SQL)
+        .ctx(OP)?
+        .query_map(params![before.0, sql_limit(limit)], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })
+        .ctx(OP)?
+        .collect::<Result<_, _>>()
+        .ctx(OP)?;
+    let mut delete = conn.prepare_cached(DELETE_KEY_SQL).ctx(OP)?;
+    let mut keep = conn.prepare_cached(KEEP_KEY_SQL).ctx(OP)?;
+    let mut gone = 0;
+    for (tenant, handler, key, live) in due {
+        if live {
+            keep.execute(params![tenant, handler, key, now.0]).ctx(OP)?;
+        } else {
+            gone += delete.execute(params![tenant, handler, key]).ctx(OP)? as u64;
+        }
+    }
+    Ok(gone)
 }

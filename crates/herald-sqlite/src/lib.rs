@@ -39,6 +39,7 @@ mod writer;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::Arc;
+use std::time::Duration;
 
 use herald::store::StoreResult;
 use herald::{Millis, StoreError};
@@ -55,6 +56,9 @@ pub use crate::schema::SCHEMA_VERSION;
 pub struct SqliteStore {
     jobs: mpsc::Sender<Box<dyn Job>>,
     path: Arc<PathBuf>,
+    /// How long an idempotency key names its event at least
+    /// ([`SqliteStore::with_idempotency_window`]).
+    idempotency_window: Duration,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -93,7 +97,23 @@ impl SqliteStore {
         Ok(SqliteStore {
             jobs,
             path: Arc::new(path),
+            idempotency_window: herald::DEFAULT_IDEMPOTENCY_WINDOW,
         })
+    }
+
+    /// Sets how long an idempotency key keeps naming its event after the
+    /// emit that stored it (default [`herald::DEFAULT_IDEMPOTENCY_WINDOW`],
+    /// 24 h): an emit with the key within it returns that event, even if it
+    /// has finished. [`herald::Store::upkeep`] (the elected reconciler's
+    /// pass) purges older keys whose events are no longer live.
+    pub fn with_idempotency_window(mut self, window: Duration) -> SqliteStore {
+        self.idempotency_window = window;
+        self
+    }
+
+    /// The idempotency window ([`SqliteStore::with_idempotency_window`]).
+    pub fn idempotency_window(&self) -> Duration {
+        self.idempotency_window
     }
 
     /// The database file's path, as given to [`SqliteStore::open`].

@@ -14,6 +14,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0002_error_history.sql"),
     include_str!("../migrations/0003_topics.sql"),
     include_str!("../migrations/0004_schedules.sql"),
+    include_str!("../migrations/0005_idempotency_keys.sql"),
 ];
 
 /// The newest schema version this build knows.

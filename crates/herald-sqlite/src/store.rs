@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use herald::schedule::{DueSchedules, Schedule, ScheduleFiring};
 use herald::store::{
     CountsQuery, EventFilter, HandlerCounts, Inspection, LeaseRef, Scheduled, Settle, StoreResult,
-    SubscriptionSync, SweepPage, SweepPass,
+    SubscriptionSync, SweepPage, SweepPass, KEY_PURGE_PAGE, KEY_PURGE_PAGES,
 };
 use herald::{
     AttemptError, Emitted, Event, EventId, Leadership, Millis, NewEvent, Rule, RuleMatch, Store,
@@ -182,6 +182,28 @@ impl Store for SqliteStore {
             leaders::resign(conn, &role, &holder)
         })
         .await
+    }
+
+    async fn purge_keys(&self, before: Millis, limit: usize) -> StoreResult<u64> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        self.call("purge_keys", move |conn, now| {
+            emit::purge_keys(conn, now, before, limit)
+        })
+        .await
+    }
+
+    /// Purges the idempotency keys older than the window, a page at a
+    /// time, at most [`KEY_PURGE_PAGES`] pages a pass.
+    async fn upkeep(&self) -> StoreResult<()> {
+        let before = Millis::now().minus(self.idempotency_window());
+        for _ in 0..KEY_PURGE_PAGES {
+            if (self.purge_keys(before, KEY_PURGE_PAGE).await? as usize) < KEY_PURGE_PAGE {
+                break;
+            }
+        }
+        Ok(())
     }
 
     async fn purge(

@@ -8,13 +8,15 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 
 use crate::group_commit::GroupCommit;
-pub use crate::group_commit::{DEFAULT_GROUP_COMMIT_WRITES, GROUP_MAX_EVENTS};
+pub use crate::group_commit::{
+    DEFAULT_EMIT_TIMEOUT, DEFAULT_GROUP_COMMIT_WRITES, GROUP_MAX_EVENTS,
+};
 use crate::handler::Job;
 use crate::model::{
     Emitted, Event, EventId, EventState, Millis, NewEvent, Rule, RuleKind, RuleMatch, Subscription,
 };
 use crate::publisher::{created, Publisher};
-pub use crate::publisher::{DEFAULT_NOTIFY_LINGER, DEFAULT_NOTIFY_PUBLISHES};
+pub use crate::publisher::{DEFAULT_NOTIFY_LINGER, DEFAULT_NOTIFY_PUBLISHES, DEFAULT_NOTIFY_WAIT};
 use crate::queue::Queue;
 use crate::retry::DEFAULT_MAX_ATTEMPTS;
 use crate::store::{Count, CountsQuery, EventFilter, HandlerCounts, Store, StoreError};
@@ -81,7 +83,7 @@ pub enum ClientError {
 pub struct SubscriberEmitted {
     /// The subscribed handler.
     pub handler: String,
-    /// Its event: new, or the live one holding the idempotency key.
+    /// Its event: new, or the one its idempotency key names.
     pub emitted: Emitted,
 }
 
@@ -105,7 +107,12 @@ pub struct EmitOptions {
     /// [`Client::emit_many`], [`EmitRequest::job`]), and
     /// [`DEFAULT_MAX_ATTEMPTS`] (10) for raw JSON.
     pub max_attempts: Option<u32>,
-    /// One live event per `(tenant, handler, key)`: a second emit returns the first's id.
+    /// One event per `(tenant, handler, key)`: a second emit returns the
+    /// first's id, while the first is stored and for the store's
+    /// idempotency window after the emit even once it finished (24 h by
+    /// default: `with_idempotency_window` of the PostgreSQL and SQLite
+    /// stores, herald.toml `idempotency_window`), so an emit retried after
+    /// a timeout never stores a second event.
     pub idempotency_key: Option<String>,
 }
 
@@ -199,12 +206,14 @@ impl Client {
             queue.clone(),
             DEFAULT_NOTIFY_LINGER,
             DEFAULT_NOTIFY_PUBLISHES,
+            DEFAULT_NOTIFY_WAIT,
         ));
         Client {
             commit: Arc::new(GroupCommit::new(
                 store.clone(),
                 publisher.clone(),
                 DEFAULT_GROUP_COMMIT_WRITES,
+                DEFAULT_EMIT_TIMEOUT,
             )),
             publisher,
             store,
@@ -222,8 +231,8 @@ impl Client {
     /// go out at once; beyond that an emit returns up to this much later,
     /// and emits close in time share messages (docs/semantics.md).
     pub fn notify_linger(self, linger: Duration) -> Self {
-        let publishes = self.publisher.publishes;
-        self.publishing(linger, publishes)
+        let (publishes, wait) = (self.publisher.publishes, self.publisher.wait);
+        self.publishing(linger, publishes, wait)
     }
 
     /// Sets how many publishes of emits' notifications may be in flight
@@ -232,14 +241,44 @@ impl Client {
     /// write's notifications rarely wait out another's broker round trip;
     /// fewer groups more under load (fewer, larger messages).
     pub fn notify_publishes(self, publishes: usize) -> Self {
-        let linger = self.publisher.linger;
-        self.publishing(linger, publishes)
+        let (linger, wait) = (self.publisher.linger, self.publisher.wait);
+        self.publishing(linger, publishes, wait)
+    }
+
+    /// Sets how long an emit whose events are stored waits at most for
+    /// their notifications' publish (default [`DEFAULT_NOTIFY_WAIT`],
+    /// 250 ms). Past it the emit answers and the publish goes on in the
+    /// background; a publish that fails (the broker is away) is logged, and
+    /// the reconciler notifies those events once they have been quiet for
+    /// its `sweep_quiet`. The wait only matters when the broker is slow or
+    /// away: a publish to one that answers ends well within it.
+    pub fn notify_wait(self, wait: Duration) -> Self {
+        let (linger, publishes) = (self.publisher.linger, self.publisher.publishes);
+        self.publishing(linger, publishes, wait)
+    }
+
+    /// Sets how long an emit waits at most for the store (default
+    /// [`DEFAULT_EMIT_TIMEOUT`], 5 s): past it the emit fails with
+    /// [`StoreError::Unavailable`] (`herald serve` answers 503
+    /// `store_unavailable`), whether the store is slow, retrying a lost
+    /// connection, or not answering at all. A write already under way goes
+    /// on, so such an emit's events may be stored all the same: an emit
+    /// tried again after it should carry an idempotency key. A topic emit's
+    /// read of the subscribers counts toward the same bound.
+    pub fn emit_timeout(mut self, timeout: Duration) -> Self {
+        self.commit = Arc::new(GroupCommit::new(
+            self.store.clone(),
+            self.publisher.clone(),
+            self.commit.writes,
+            timeout,
+        ));
+        self
     }
 
     /// A new publisher with these settings, and a group commit that
     /// notifies through it.
-    fn publishing(mut self, linger: Duration, publishes: usize) -> Self {
-        self.publisher = Arc::new(Publisher::new(self.queue.clone(), linger, publishes));
+    fn publishing(mut self, linger: Duration, publishes: usize, wait: Duration) -> Self {
+        self.publisher = Arc::new(Publisher::new(self.queue.clone(), linger, publishes, wait));
         let writes = self.commit.writes;
         self.group_commit(writes)
     }
@@ -260,6 +299,7 @@ impl Client {
             self.store.clone(),
             self.publisher.clone(),
             writes,
+            self.commit.timeout,
         ));
         self
     }
@@ -368,7 +408,8 @@ impl Client {
     /// carries the job's max attempts), or use [`Client::emit_many`].
     pub async fn emit_batch(&self, batch: Vec<EmitRequest>) -> Result<Vec<Emitted>, ClientError> {
         let events = self.prepare(batch)?;
-        let (events, emitted) = self.commit.emit(events).await;
+        let deadline = self.commit.deadline();
+        let (events, emitted) = self.commit.emit(events, deadline).await;
         let emitted = emitted?;
         count_emitted(&events, &emitted);
         Ok(emitted)
@@ -424,9 +465,14 @@ impl Client {
     ) -> Result<TopicEmitted, ClientError> {
         // Refuse bad input before reading the store.
         self.check_topic_emit(tenant, topic, payload, &options)?;
-        let handlers = self.store.subscribers(tenant, topic).await?;
+        let deadline = self.commit.deadline();
+        let handlers =
+            match tokio::time::timeout_at(deadline, self.store.subscribers(tenant, topic)).await {
+                Ok(handlers) => handlers?,
+                Err(_) => return Err(self.commit.timed_out().into()),
+            };
         let events = topic_copies(tenant, topic, payload, options, &handlers)?;
-        let (events, emitted) = self.commit.emit(events).await;
+        let (events, emitted) = self.commit.emit(events, deadline).await;
         let emitted = emitted?;
         count_emitted(&events, &emitted);
         Ok(topic_emitted(topic, &events, &emitted))

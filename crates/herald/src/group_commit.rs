@@ -11,10 +11,19 @@
 //! has committed (they wait for another publish only when several are in
 //! flight, by the publisher's rule): the write already grouped them, so a
 //! commit costs one publish, however many emits it held.
+//!
+//! An emit waits for its write at most until its deadline (the client's
+//! emit timeout): a store that does not answer (a database that crashed, a
+//! connection black-holed) yields [`StoreError::Unavailable`] in bounded
+//! time. A write already under way goes on, so the events may be stored
+//! after all; emits whose callers stopped waiting before their write began
+//! are not written.
 
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::time::Instant;
 
 use crate::model::{Emitted, NewEvent};
 use crate::publisher::{created, Publisher};
@@ -29,6 +38,13 @@ pub const DEFAULT_GROUP_COMMIT_WRITES: usize = 2;
 /// The most events one group holds; an emit of this many or more is
 /// written on its own, as it comes.
 pub const GROUP_MAX_EVENTS: usize = 1000;
+
+/// How long an emit waits for the store by default before it fails with
+/// [`StoreError::Unavailable`]: see [`crate::Client::emit_timeout`]. Long
+/// enough for the PostgreSQL store's retries of a lost connection (about
+/// 3.1 s, `herald_postgres::EMIT_TRIES`), short enough that a client's
+/// request times out later than the emit answers.
+pub const DEFAULT_EMIT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// An emit's events and the answer to it: the events come back with the
 /// result, for their notifications.
@@ -49,6 +65,8 @@ pub(crate) struct GroupCommit {
     publisher: Arc<Publisher>,
     /// Grouped writes at once at most (zero: none, each emit alone).
     pub(crate) writes: usize,
+    /// How long an emit waits for its write at most.
+    pub(crate) timeout: Duration,
     /// The grouping task's inbox, started at the first emit (on the
     /// runtime that makes it).
     inbox: OnceLock<mpsc::UnboundedSender<Pending>>,
@@ -57,23 +75,50 @@ pub(crate) struct GroupCommit {
 impl GroupCommit {
     /// Writes to `store` with at most `writes` grouped writes at once (zero:
     /// each emit is written on its own, as it comes), and notifies through
-    /// `publisher`.
-    pub(crate) fn new(store: Arc<dyn Store>, publisher: Arc<Publisher>, writes: usize) -> Self {
+    /// `publisher`; an emit waits for its write at most `timeout`.
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        publisher: Arc<Publisher>,
+        writes: usize,
+        timeout: Duration,
+    ) -> Self {
         GroupCommit {
             store,
             publisher,
             writes,
+            timeout,
             inbox: OnceLock::new(),
+        }
+    }
+
+    /// The deadline of an emit that starts now.
+    pub(crate) fn deadline(&self) -> Instant {
+        Instant::now() + self.timeout
+    }
+
+    /// [`StoreError::Unavailable`] for an emit whose store did not answer
+    /// within the timeout.
+    pub(crate) fn timed_out(&self) -> StoreError {
+        StoreError::Unavailable {
+            op: "emit",
+            source: format!(
+                "the store did not answer within {:?}; the events may be stored all the same",
+                self.timeout
+            )
+            .into(),
         }
     }
 
     /// Stores `events`, perhaps together with other emits' events, and
     /// publishes the notifications of those it created; returns them with
-    /// the store's answer for them, in their order, once both are done (a
-    /// failed publish is logged: the reconciler notifies those events).
-    pub(crate) async fn emit(&self, events: Vec<NewEvent>) -> Answer {
+    /// the store's answer for them, in their order, once the write is done
+    /// and the publish is done or waited for long enough (see
+    /// [`Publisher::publish`]; a failed publish is logged: the reconciler
+    /// notifies those events). Past `deadline` without the store's answer:
+    /// [`StoreError::Unavailable`].
+    pub(crate) async fn emit(&self, events: Vec<NewEvent>, deadline: Instant) -> Answer {
         if self.writes == 0 || events.len() >= GROUP_MAX_EVENTS {
-            return self.emit_alone(events).await;
+            return self.emit_alone(events, deadline).await;
         }
         let inbox = self.inbox.get_or_init(|| {
             let (tx, rx) = mpsc::unbounded_channel();
@@ -88,26 +133,33 @@ impl GroupCommit {
         let (answer, wait) = oneshot::channel();
         match inbox.send(Pending { events, answer }) {
             // The grouping task is gone (its runtime was shut down): here.
-            Err(mpsc::error::SendError(p)) => self.emit_alone(p.events).await,
-            Ok(()) => wait.await.unwrap_or_else(|_| {
+            Err(mpsc::error::SendError(p)) => self.emit_alone(p.events, deadline).await,
+            Ok(()) => match tokio::time::timeout_at(deadline, wait).await {
+                Ok(Ok(answer)) => answer,
                 // Only a runtime shutting down drops a write under way; its
                 // events may or may not be stored, as after a lost
                 // connection.
-                (
+                Ok(Err(_)) => (
                     Vec::new(),
                     Err(StoreError::Unavailable {
                         op: "emit",
                         source: "the write was dropped as the runtime shut down".into(),
                     }),
-                )
-            }),
+                ),
+                // The write, if it began, goes on: as after a lost
+                // connection, the events may be stored.
+                Err(_) => (Vec::new(), Err(self.timed_out())),
+            },
         }
     }
 
     /// Writes `events` in a store call of their own; their notifications
     /// go through the publisher, grouped with other emits' that wait.
-    async fn emit_alone(&self, events: Vec<NewEvent>) -> Answer {
-        let out = self.store.emit(&events).await;
+    async fn emit_alone(&self, events: Vec<NewEvent>, deadline: Instant) -> Answer {
+        let out = match tokio::time::timeout_at(deadline, self.store.emit(&events)).await {
+            Ok(out) => out,
+            Err(_) => Err(self.timed_out()),
+        };
         if let Ok(emitted) = &out {
             self.publisher.publish(created(&events, emitted)).await;
         }
@@ -118,6 +170,9 @@ impl GroupCommit {
 /// Takes a free write, then every emit waiting (up to [`GROUP_MAX_EVENTS`]),
 /// and writes them on a task of their own while the next group waits; the
 /// write is free again once it has committed, before the group's publish.
+/// An emit whose caller stopped waiting (its deadline passed while the
+/// store was slow or away) is dropped unwritten: its caller was told the
+/// store is unavailable.
 async fn write_groups(
     store: Arc<dyn Store>,
     publisher: Arc<Publisher>,
@@ -129,13 +184,19 @@ async fn write_groups(
         let Ok(write) = free.clone().acquire_owned().await else {
             return;
         };
-        let Some(first) = inbox.recv().await else {
-            return;
+        let first = loop {
+            let Some(p) = inbox.recv().await else {
+                return;
+            };
+            if !p.answer.is_closed() {
+                break p;
+            }
         };
         let mut count = first.events.len();
         let mut group = vec![first];
         while count < GROUP_MAX_EVENTS {
             match inbox.try_recv() {
+                Ok(p) if p.answer.is_closed() => {}
                 Ok(p) => {
                     count += p.events.len();
                     group.push(p);

@@ -33,7 +33,7 @@ pub use queue::{Delivery, DeliveryTag, MessageLimits, Publish, Queue, QueueError
 pub use retry::{RetryPolicy, DEFAULT_MAX_ATTEMPTS};
 pub use store::{
     CappedCount, CountsQuery, EventFilter, HandlerCounts, Leadership, PendingSample, Store,
-    StoreError, StoreResult, SubscriptionSync,
+    StoreError, StoreResult, SubscriptionSync, DEFAULT_IDEMPOTENCY_WINDOW,
 };
 pub use worker::{
     RunObserver, RunSettled, ShutdownHandle, ShutdownReport, StatsSnapshot, Worker, WorkerBuilder,

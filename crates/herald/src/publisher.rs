@@ -3,6 +3,12 @@
 //! publishes are in flight; those that arrive while that many are wait for
 //! one to end (at most a short linger) and are grouped ([`Publish::group`])
 //! and published together, so emits close in time share messages.
+//!
+//! An emit waits for its notifications' publish at most
+//! [`DEFAULT_NOTIFY_WAIT`] (or its client's setting): a broker that is away
+//! (a restart, a partition) must not hold an emit whose event is stored.
+//! Past that wait the publish goes on in the background; if it fails, the
+//! reconciler notifies the events after `sweep_quiet`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -29,6 +35,13 @@ pub const DEFAULT_NOTIFY_LINGER: Duration = Duration::from_millis(1);
 /// has its publishes grouped once four are in flight (ADR 0011).
 pub const DEFAULT_NOTIFY_PUBLISHES: usize = 4;
 
+/// How long an emit waits at most for its notifications' publish, by
+/// default: see [`crate::Client::notify_wait`]. A publish to a broker that
+/// answers takes well under a millisecond on NATS and tens of milliseconds
+/// on Pub/Sub; one to a broker that is away is retried for seconds, which
+/// an emit whose event is stored does not wait out.
+pub const DEFAULT_NOTIFY_WAIT: Duration = Duration::from_millis(250);
+
 /// The events of one emit waiting to be published, and who waits for it.
 struct Pending {
     events: Vec<Scheduled>,
@@ -41,6 +54,8 @@ pub(crate) struct Publisher {
     pub(crate) linger: Duration,
     /// Publishes in flight before the next waits to be grouped (at least 1).
     pub(crate) publishes: usize,
+    /// How long [`Publisher::publish`] waits for the publish at most.
+    pub(crate) wait: Duration,
     /// The grouping task's inbox, started at the first publish (on the
     /// runtime that makes it).
     inbox: OnceLock<mpsc::UnboundedSender<Pending>>,
@@ -49,41 +64,69 @@ pub(crate) struct Publisher {
 impl Publisher {
     /// Publishes on `queue`, grouping what arrives while `publishes` are in
     /// flight (0 counts as 1), for at most `linger` (zero: each emit's
-    /// notifications at once, grouped among themselves).
-    pub(crate) fn new(queue: Arc<dyn Queue>, linger: Duration, publishes: usize) -> Self {
+    /// notifications at once, grouped among themselves); a publish is
+    /// waited for at most `wait`.
+    pub(crate) fn new(
+        queue: Arc<dyn Queue>,
+        linger: Duration,
+        publishes: usize,
+        wait: Duration,
+    ) -> Self {
         Publisher {
             queue,
             linger,
             publishes: publishes.max(1),
+            wait,
             inbox: OnceLock::new(),
         }
     }
 
     /// Publishes the notifications of `events`, with those of other emits
-    /// that wait with them, and returns once they are published
-    /// (a failed publish is logged: the reconciler notifies those events).
+    /// that wait with them, and returns once they are published or after
+    /// [`Publisher::wait`], whichever comes first; a publish still under
+    /// way then goes on in the background (a failed publish is logged:
+    /// the reconciler notifies those events).
     pub(crate) async fn publish(&self, events: Vec<Scheduled>) {
         if events.is_empty() {
             return;
         }
-        if self.linger.is_zero() {
-            return self.publish_now(events).await;
-        }
-        let inbox = self.inbox.get_or_init(|| {
-            let (tx, rx) = mpsc::unbounded_channel();
-            tokio::spawn(group(self.queue.clone(), self.linger, self.publishes, rx));
-            tx
-        });
-        let (published, wait) = oneshot::channel();
-        match inbox.send(Pending { events, published }) {
-            // The grouping task is gone (its runtime was shut down): here.
-            Err(mpsc::error::SendError(p)) => self.publish_now(p.events).await,
-            Ok(()) => {
-                if wait.await.is_err() {
-                    tracing::warn!("the notifier stopped before publishing an emit's notifications; the reconciler will notify them");
-                }
+        let count = events.len();
+        let wait = if self.linger.is_zero() {
+            self.spawn_publish(events)
+        } else {
+            let inbox = self.inbox.get_or_init(|| {
+                let (tx, rx) = mpsc::unbounded_channel();
+                tokio::spawn(group(self.queue.clone(), self.linger, self.publishes, rx));
+                tx
+            });
+            let (published, wait) = oneshot::channel();
+            match inbox.send(Pending { events, published }) {
+                // The grouping task is gone (its runtime was shut down).
+                Err(mpsc::error::SendError(p)) => self.spawn_publish(p.events),
+                Ok(()) => wait,
+            }
+        };
+        match tokio::time::timeout(self.wait, wait).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => {
+                tracing::warn!("the notifier stopped before publishing an emit's notifications; the reconciler will notify them");
+            }
+            Err(_) => {
+                tracing::debug!(events = count, wait = ?self.wait, "an emit's notifications are still being published; answering the emit, the publish goes on");
             }
         }
+    }
+
+    /// Publishes `events` on a task of its own; the receiver hears when it
+    /// has ended.
+    fn spawn_publish(&self, events: Vec<Scheduled>) -> oneshot::Receiver<()> {
+        let (published, wait) = oneshot::channel();
+        let queue = self.queue.clone();
+        tokio::spawn(async move {
+            publish(queue.as_ref(), events).await;
+            let _ = published.send(());
+        });
+        wait
     }
 
     /// Publishes the notifications of `events` now, grouped among
@@ -190,6 +233,9 @@ mod tests {
     use async_trait::async_trait;
     use tokio::sync::Semaphore;
 
+    /// A wait for publishes that outlives every test but the one of the wait.
+    const LONG: Duration = Duration::from_secs(600);
+
     fn due(n: usize) -> Vec<Scheduled> {
         (0..n)
             .map(|_| Scheduled::due("acme".into(), EventId::new()))
@@ -276,7 +322,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_lone_publish_waits_for_no_linger() {
         let queue = Arc::new(MemoryQueue::default());
-        let publisher = Publisher::new(queue.clone(), Duration::from_millis(500), 1);
+        let publisher = Publisher::new(queue.clone(), Duration::from_millis(500), 1, LONG);
         let t = Instant::now();
         publisher.publish(due(1)).await;
         publisher.publish(due(1)).await;
@@ -287,7 +333,12 @@ mod tests {
     #[tokio::test]
     async fn emits_arriving_during_a_publish_share_the_next_message() {
         let queue = Arc::new(Gated::default());
-        let publisher = Arc::new(Publisher::new(queue.clone(), Duration::from_secs(60), 1));
+        let publisher = Arc::new(Publisher::new(
+            queue.clone(),
+            Duration::from_secs(60),
+            1,
+            LONG,
+        ));
         let first = spawn_publishes(&publisher, 1);
         queue.until_publishes(1).await;
         let rest = spawn_publishes(&publisher, 39);
@@ -313,7 +364,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_publish_in_flight_holds_the_next_for_at_most_the_linger() {
         let queue = Arc::new(Gated::default());
-        let publisher = Arc::new(Publisher::new(queue.clone(), Duration::from_millis(5), 1));
+        let publisher = Arc::new(Publisher::new(
+            queue.clone(),
+            Duration::from_millis(5),
+            1,
+            LONG,
+        ));
         let first = spawn_publishes(&publisher, 1);
         queue.until_publishes(1).await;
         let t = Instant::now();
@@ -332,7 +388,12 @@ mod tests {
     #[tokio::test]
     async fn a_second_publish_goes_at_once_and_the_rest_wait_for_one_to_end() {
         let queue = Arc::new(Gated::holding(2));
-        let publisher = Arc::new(Publisher::new(queue.clone(), Duration::from_secs(60), 2));
+        let publisher = Arc::new(Publisher::new(
+            queue.clone(),
+            Duration::from_secs(60),
+            2,
+            LONG,
+        ));
         let mut emits = spawn_publishes(&publisher, 1);
         queue.until_publishes(1).await;
         emits.extend(spawn_publishes(&publisher, 1));
@@ -363,7 +424,7 @@ mod tests {
     async fn with_two_allowed_the_third_waits_at_most_the_linger() {
         let queue = Arc::new(Gated::holding(2));
         let linger = Duration::from_millis(50);
-        let publisher = Arc::new(Publisher::new(queue.clone(), linger, 2));
+        let publisher = Arc::new(Publisher::new(queue.clone(), linger, 2, LONG));
         // One at a time: two that wait together are published as one.
         let mut held = spawn_publishes(&publisher, 1);
         queue.until_publishes(1).await;
@@ -383,10 +444,27 @@ mod tests {
         assert_eq!(queue.inner.len(), 3);
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_publish_that_does_not_end_is_waited_for_at_most_the_wait_and_goes_on() {
+        for linger in [Duration::from_millis(1), Duration::ZERO] {
+            let queue = Arc::new(Gated::default());
+            let wait = Duration::from_millis(250);
+            let publisher = Publisher::new(queue.clone(), linger, 4, wait);
+            let t = Instant::now();
+            publisher.publish(due(1)).await;
+            assert_eq!(t.elapsed(), wait, "the wait, no longer (linger {linger:?})");
+            assert_eq!(queue.inner.len(), 0, "still held");
+            queue.open();
+            while queue.inner.is_empty() {
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+
     #[tokio::test]
     async fn no_linger_publishes_each_emit_on_its_own() {
         let queue = Arc::new(MemoryQueue::default());
-        let publisher = Arc::new(Publisher::new(queue.clone(), Duration::ZERO, 1));
+        let publisher = Arc::new(Publisher::new(queue.clone(), Duration::ZERO, 1, LONG));
         for c in spawn_publishes(&publisher, 40) {
             c.await.unwrap();
         }
@@ -400,6 +478,7 @@ mod tests {
             queue.clone(),
             Duration::from_millis(5),
             DEFAULT_NOTIFY_PUBLISHES,
+            DEFAULT_NOTIFY_WAIT,
         );
         publisher.publish(due(3)).await;
         let got = queue.receive(10).await.unwrap();

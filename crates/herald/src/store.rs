@@ -460,6 +460,19 @@ pub struct SubscriptionSync {
     pub removed: u64,
 }
 
+/// How long an idempotency key keeps naming its event by default: a day
+/// from the emit, as the event platforms keep theirs (Stripe, Inngest). See
+/// [`Store::purge_keys`] and ADR 0013.
+pub const DEFAULT_IDEMPOTENCY_WINDOW: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// How many idempotency keys one [`Store::purge_keys`] call of a store's
+/// [`Store::upkeep`] handles at most, and how many calls one upkeep makes
+/// at most: a pass purges up to 10,000 keys, in statements that each touch
+/// at most 1,000 rows.
+pub const KEY_PURGE_PAGE: usize = 1000;
+/// See [`KEY_PURGE_PAGE`].
+pub const KEY_PURGE_PAGES: usize = 10;
+
 /// Where events are stored: the only source of truth.
 ///
 /// Implementations must make every write that ends a run ([`Store::settle`])
@@ -467,10 +480,23 @@ pub struct SubscriptionSync {
 /// own clock.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
-    /// Stores new events. With an idempotency key, an existing live event of
-    /// the same `(tenant, handler, key)` is returned instead of a new one.
+    /// Stores new events. With an idempotency key, the event the key names
+    /// is returned instead of a new one ([`Emitted::Existing`]): the key's
+    /// stored row, written with the event that created it and kept after
+    /// that event finished until [`Store::purge_keys`] removes it, or else a
+    /// live event of the same `(tenant, handler, key)`.
     /// `notified_at` is set to each event's `run_at`: the caller publishes next.
     async fn emit(&self, events: &[NewEvent]) -> StoreResult<Vec<Emitted>>;
+
+    /// Handles up to `limit` idempotency keys stored (by the store's clock)
+    /// before `before`, oldest first: a key whose event is no longer live
+    /// (finished, dead or deleted) is deleted, so that the next emit with it
+    /// creates a new event; a key whose event is still live is kept, its
+    /// time reset to now, so that it names its event while it is live and
+    /// is looked at again only after another window. Returns how many keys
+    /// were deleted. A store's [`Store::upkeep`] calls it with its
+    /// configured window ([`DEFAULT_IDEMPOTENCY_WINDOW`] by default).
+    async fn purge_keys(&self, before: Millis, limit: usize) -> StoreResult<u64>;
 
     /// The happy path in one statement: for each of `leases`, take the
     /// lease of its event with its token for `lease` if the event is

@@ -109,6 +109,8 @@ impl Bench {
             .max_payload(config.max_payload_bytes)
             .notify_linger(config.notify_linger)
             .notify_publishes(config.notify_publishes)
+            .notify_wait(config.notify_wait)
+            .emit_timeout(config.emit_timeout)
             .group_commit(config.group_commit_writes);
         Ok(Bench {
             store,

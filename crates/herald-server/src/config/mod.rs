@@ -175,6 +175,15 @@ pub struct ServeConfig {
     /// while all are busy are written together ([`herald::Client::group_commit`];
     /// 0: each emit on its own).
     pub group_commit_writes: usize,
+    /// How long an emit waits at most for the store before it answers 503
+    /// `store_unavailable` ([`herald::Client::emit_timeout`]).
+    pub emit_timeout: Duration,
+    /// How long an emit whose events are stored waits at most for their
+    /// notifications' publish ([`herald::Client::notify_wait`]).
+    pub notify_wait: Duration,
+    /// How long an idempotency key keeps naming its event after the emit
+    /// ([`herald::Store::purge_keys`], docs/semantics.md).
+    pub idempotency_window: Duration,
     /// The worker's settings.
     pub worker: WorkerConfig,
     /// Whether `worker.name` was set; if not, the server names its worker

@@ -90,6 +90,9 @@ pub(super) fn resolve(mut raw: FileConfig, origins: &Origins) -> Result<ServeCon
         notify_linger: limits.notify_linger,
         notify_publishes: limits.notify_publishes,
         group_commit_writes: limits.group_commit_writes,
+        emit_timeout: limits.emit_timeout,
+        notify_wait: limits.notify_wait,
+        idempotency_window: limits.idempotency_window,
         worker,
         worker_named,
         shutdown_grace,
@@ -112,6 +115,9 @@ struct Limits {
     notify_linger: Duration,
     notify_publishes: usize,
     group_commit_writes: usize,
+    emit_timeout: Duration,
+    notify_wait: Duration,
+    idempotency_window: Duration,
 }
 
 fn resolve_limits(raw: &FileConfig, err: &Refuse<'_>) -> Result<Limits, ConfigError> {
@@ -193,6 +199,44 @@ fn resolve_limits(raw: &FileConfig, err: &Refuse<'_>) -> Result<Limits, ConfigEr
             ))
         }
     };
+    let emit_timeout = match raw.emit_timeout {
+        None => herald::client::DEFAULT_EMIT_TIMEOUT,
+        Some(Dur(d)) if !d.is_zero() && d <= Duration::from_secs(600) => d,
+        Some(Dur(d)) => {
+            return Err(err(
+                "emit_timeout",
+                format!(
+                    "{d:?} is out of range: write more than 0s and up to 10m (5s is the default)"
+                ),
+            ))
+        }
+    };
+    let notify_wait = match raw.notify_wait {
+        None => herald::client::DEFAULT_NOTIFY_WAIT,
+        Some(Dur(d)) if d <= Duration::from_secs(10) => d,
+        Some(Dur(d)) => {
+            return Err(err(
+                "notify_wait",
+                format!("{d:?} is too long: an emit whose event is stored waits this long for a broker that is away; write up to 10s (250ms is the default)"),
+            ))
+        }
+    };
+    if notify_wait >= emit_timeout {
+        return Err(err(
+            "notify_wait",
+            format!("{notify_wait:?} is not shorter than emit_timeout ({emit_timeout:?}): an emit's bound holds its wait for the publish"),
+        ));
+    }
+    let idempotency_window = match raw.idempotency_window {
+        None => herald::DEFAULT_IDEMPOTENCY_WINDOW,
+        Some(Dur(d)) if !d.is_zero() => d,
+        Some(Dur(_)) => {
+            return Err(err(
+                "idempotency_window",
+                "must be more than 0s (24h is the default)".into(),
+            ))
+        }
+    };
     Ok(Limits {
         pg_max_connections,
         pg_acquire_timeout,
@@ -203,6 +247,9 @@ fn resolve_limits(raw: &FileConfig, err: &Refuse<'_>) -> Result<Limits, ConfigEr
         notify_linger,
         notify_publishes,
         group_commit_writes,
+        emit_timeout,
+        notify_wait,
+        idempotency_window,
     })
 }
 

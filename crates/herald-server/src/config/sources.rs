@@ -61,6 +61,13 @@ pub(super) const ENV_KEYS: &[(&str, &str, Kind)] = &[
     ("HERALD_LISTEN", "listen", Kind::Text),
     ("HERALD_NOTIFY_LINGER", "notify_linger", Kind::Text),
     ("HERALD_NOTIFY_PUBLISHES", "notify_publishes", Kind::Integer),
+    ("HERALD_NOTIFY_WAIT", "notify_wait", Kind::Text),
+    ("HERALD_EMIT_TIMEOUT", "emit_timeout", Kind::Text),
+    (
+        "HERALD_IDEMPOTENCY_WINDOW",
+        "idempotency_window",
+        Kind::Text,
+    ),
     (
         "HERALD_GROUP_COMMIT_WRITES",
         "group_commit_writes",

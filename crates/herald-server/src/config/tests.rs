@@ -841,6 +841,45 @@ fn notification_limits_apply_to_every_queue_and_unusable_ones_are_refused() {
 }
 
 #[test]
+fn emit_bounds_and_the_idempotency_window_are_read_and_checked() {
+    let c = load_with(None, &[], Overrides::default()).unwrap();
+    assert_eq!(c.emit_timeout, herald::client::DEFAULT_EMIT_TIMEOUT);
+    assert_eq!(c.notify_wait, herald::client::DEFAULT_NOTIFY_WAIT);
+    assert_eq!(c.idempotency_window, herald::DEFAULT_IDEMPOTENCY_WINDOW);
+    let c = load_with(
+        Some("emit_timeout = \"2s\"\nnotify_wait = \"0s\"\nidempotency_window = \"7d\""),
+        &[],
+        Overrides::default(),
+    )
+    .unwrap();
+    assert_eq!(c.emit_timeout, Duration::from_secs(2));
+    assert_eq!(c.notify_wait, Duration::ZERO);
+    assert_eq!(c.idempotency_window, Duration::from_secs(7 * 86400));
+    let c = load_with(
+        None,
+        &[
+            ("HERALD_IDEMPOTENCY_WINDOW", "1h"),
+            ("HERALD_EMIT_TIMEOUT", "3s"),
+        ],
+        Overrides::default(),
+    )
+    .unwrap();
+    assert_eq!(c.idempotency_window, Duration::from_secs(3600));
+    assert_eq!(c.emit_timeout, Duration::from_secs(3));
+    for (file, says) in [
+        ("emit_timeout = \"0s\"", "emit_timeout: 0ns is out of range"),
+        ("notify_wait = \"1m\"", "notify_wait: 60s is too long"),
+        (
+            "idempotency_window = \"0s\"",
+            "idempotency_window: must be more than 0s",
+        ),
+    ] {
+        let m = message(load_with(Some(file), &[], Overrides::default()));
+        assert!(m.contains(says), "{file}: {m}");
+    }
+}
+
+#[test]
 fn subscriptions_are_read_and_their_names_checked() {
     let c = load_with(
         Some(

@@ -114,7 +114,8 @@ pub async fn bad_payloads_are_refused_and_nothing_is_stored(store: Arc<dyn Store
     assert_eq!(rig.stored().await, 0, "a refused batch stores nothing");
 }
 
-/// A second emit with the same idempotency key returns the first event.
+/// A second emit with the same idempotency key returns the first event,
+/// also once it has run, until the key is purged.
 pub async fn idempotency_key_runs_once(store: Arc<dyn Store>) {
     let rig = Rig::new(store).await;
     rig.client.pause(T, H).await.unwrap();
@@ -142,7 +143,16 @@ pub async fn idempotency_key_runs_once(store: Arc<dyn Store>) {
     let w = rig.worker();
     rig.client.unpause(T, H).await.unwrap();
     rig.runs_once(a.id()).await;
-    // Once done, the key is free again.
+    // Once done, the key still names it: a retry stores and runs nothing.
+    let again = rig
+        .client
+        .emit_json(T, H, "{}", opts.clone())
+        .await
+        .unwrap();
+    assert_eq!(again, crate::Emitted::Existing(a.id()));
+    // Purged after its window, the key is free again.
+    let later = crate::Millis::now().plus(std::time::Duration::from_secs(3600));
+    rig.client.store().purge_keys(later, 100).await.unwrap();
     let d = rig.client.emit_json(T, H, "{}", opts).await.unwrap();
     assert!(matches!(d, crate::Emitted::Created(_)));
     rig.runs_once(d.id()).await;

@@ -55,16 +55,27 @@ pub async fn emitting_the_same_id_twice_reports_existing(store: Arc<dyn Store>) 
     assert_eq!(stored(store).await, 2);
 }
 
-/// One live event per `(tenant, handler, key)`: existing within a batch, in
-/// a later batch and while running; independent per tenant and handler;
-/// free again once the event went dead, done or deleted; and revive refuses
-/// to make a second live event with the key.
-pub async fn idempotency_key_is_one_live_event_per_key(store: Arc<dyn Store>) {
+/// One event per `(tenant, handler, key)`: existing within a batch, in a
+/// later batch and while running; independent per tenant and handler;
+/// still named by its key once it went dead, was deleted or is done, until
+/// [`Store::purge_keys`] removes the key (ADR 0013); and revive refuses to
+/// make a second live event with the key.
+pub async fn idempotency_key_names_one_event_until_purged(store: Arc<dyn Store>) {
     let store = store.as_ref();
     let keyed = |key: &str| NewEvent {
         idempotency_key: Some(key.into()),
         topic: None,
         ..new_event("t", "h")
+    };
+    let emit_k = || async {
+        let e = keyed("k");
+        let out = store.emit(std::slice::from_ref(&e)).await.expect("emit");
+        (e, out)
+    };
+    // Every key stored so far, whatever its time, looked at once.
+    let purge_all = || async {
+        let later = from_now(Duration::from_secs(3600));
+        store.purge_keys(later, 100).await.expect("purge_keys")
     };
     // Within one batch.
     let a = keyed("k");
@@ -75,16 +86,10 @@ pub async fn idempotency_key_is_one_live_event_per_key(store: Arc<dyn Store>) {
     );
     assert_eq!(store.get(b.id).await.expect("get"), None);
     // In a later batch, while pending.
-    assert_eq!(
-        store.emit(&[keyed("k")]).await.expect("emit"),
-        vec![Emitted::Existing(a.id)]
-    );
+    assert_eq!(emit_k().await.1, vec![Emitted::Existing(a.id)]);
     // While running.
     let token = claim_one(store, a.id, LEASE).await.expect("claimed");
-    assert_eq!(
-        store.emit(&[keyed("k")]).await.expect("emit"),
-        vec![Emitted::Existing(a.id)]
-    );
+    assert_eq!(emit_k().await.1, vec![Emitted::Existing(a.id)]);
     // Same key, other handler or tenant: independent.
     let other_handler = NewEvent {
         handler: "h2".into(),
@@ -105,32 +110,39 @@ pub async fn idempotency_key_is_one_live_event_per_key(store: Arc<dyn Store>) {
         ]
     );
     assert_eq!(stored(store).await, 3);
-    // Once it went dead, the key is free again.
+    // Once it went dead, the key still names it.
     let error = "boom".to_string();
     assert!(settle_one(store, a.id, Some(token), Finish::Bury { error }).await);
-    let c = keyed("k");
-    assert_eq!(
-        store.emit(std::slice::from_ref(&c)).await.expect("emit"),
-        vec![Emitted::Created(c.id)]
-    );
+    assert_eq!(emit_k().await.1, vec![Emitted::Existing(a.id)]);
+    assert_eq!(stored(store).await, 3, "nothing new stored");
+    // Purged (its event is no longer live), the key is free; the live
+    // events' keys are kept.
+    assert_eq!(purge_all().await, 1);
+    let (c, out) = emit_k().await;
+    assert_eq!(out, vec![Emitted::Created(c.id)]);
+    for e in [&other_handler, &other_tenant] {
+        assert_eq!(
+            store.emit(std::slice::from_ref(e)).await.expect("emit"),
+            vec![Emitted::Existing(e.id)],
+            "a live event's key is kept by the purge"
+        );
+    }
     // Reviving the dead one now would make two live events with one key.
     match store.revive(a.id).await {
         Err(StoreError::Invalid(msg)) => assert!(msg.contains(&c.id.to_string()), "{msg}"),
         other => panic!("expected Invalid, got {other:?}"),
     }
     assert_eq!(get(store, a.id).await.state, EventState::Dead, "unchanged");
-    // Once deleted, the key is free again too.
+    // Once deleted, the key still names it, until purged.
     assert!(store.delete(c.id).await.expect("delete"));
-    let d = keyed("k");
-    assert_eq!(
-        store.emit(std::slice::from_ref(&d)).await.expect("emit"),
-        vec![Emitted::Created(d.id)]
-    );
+    assert_eq!(emit_k().await.1, vec![Emitted::Existing(c.id)]);
+    assert_eq!(purge_all().await, 1);
+    let (d, out) = emit_k().await;
+    assert_eq!(out, vec![Emitted::Created(d.id)]);
     // And once done (archived).
     assert!(settle_one(store, d.id, None, Finish::Archive).await);
-    let e = keyed("k");
-    assert_eq!(
-        store.emit(std::slice::from_ref(&e)).await.expect("emit"),
-        vec![Emitted::Created(e.id)]
-    );
+    assert_eq!(emit_k().await.1, vec![Emitted::Existing(d.id)]);
+    assert_eq!(purge_all().await, 1);
+    let (e, out) = emit_k().await;
+    assert_eq!(out, vec![Emitted::Created(e.id)]);
 }

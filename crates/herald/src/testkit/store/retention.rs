@@ -7,7 +7,7 @@ use super::{
     ago, bury, claim_one, emit_one, from_now, get, new_event, old_event, settle_one, store_now,
     LEASE, PAST_SHORT, SHORT,
 };
-use crate::model::{EventId, EventState};
+use crate::model::{Emitted, EventId, EventState, NewEvent};
 use crate::store::{Finish, Store};
 use crate::testkit::stored;
 
@@ -49,6 +49,129 @@ pub async fn purge_deletes_old_dead_and_done_events_up_to_the_limit(store: Arc<d
     }
     assert_eq!(store.purge(future, future, 100).await.expect("purge"), 0);
     assert_eq!(get(store, pending).await.state, EventState::Pending);
+}
+
+/// An emit retried after its event ran and was deleted (a client that
+/// timed out and tried again) returns the original event and stores
+/// nothing, as long as its key is within the window: a purge of keys older
+/// than the window leaves it. Once a purge covers it, the next emit with
+/// the key creates a new event.
+pub async fn a_retried_emit_after_its_event_finished_returns_it_within_the_window(
+    store: Arc<dyn Store>,
+) {
+    let store = store.as_ref();
+    let keyed = || NewEvent {
+        idempotency_key: Some("order-17".into()),
+        ..new_event("t", "h")
+    };
+    let first = keyed();
+    let id = emit_one(store, first.clone()).await;
+    let token = claim_one(store, id, LEASE).await.expect("claimed");
+    assert!(settle_one(store, id, Some(token), Finish::Delete).await);
+    assert_eq!(store.get(id).await.expect("get"), None, "ran and deleted");
+    let retry = keyed();
+    assert_eq!(
+        store
+            .emit(std::slice::from_ref(&retry))
+            .await
+            .expect("emit"),
+        vec![Emitted::Existing(id)]
+    );
+    assert_eq!(stored(store).await, 0, "nothing new stored");
+    // A window of a minute, by the store's clock: the key is a second old.
+    let window = Duration::from_secs(60);
+    let before = store_now(store).await.minus(window);
+    assert_eq!(store.purge_keys(before, 100).await.expect("purge_keys"), 0);
+    assert_eq!(
+        store.emit(&[keyed()]).await.expect("emit"),
+        vec![Emitted::Existing(id)]
+    );
+    // The window has passed.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let before = store_now(store).await;
+    assert_eq!(store.purge_keys(before, 100).await.expect("purge_keys"), 1);
+    let again = keyed();
+    assert_eq!(
+        store
+            .emit(std::slice::from_ref(&again))
+            .await
+            .expect("emit"),
+        vec![Emitted::Created(again.id)]
+    );
+}
+
+/// A purge of keys handles at most `limit` keys, oldest first: the keys of
+/// finished events go, a live event's key is kept (and its time reset, so
+/// that the next purge of the same age passes it by). Keys stored after
+/// `before` are left alone.
+pub async fn purge_keys_goes_oldest_first_up_to_the_limit_and_keeps_live_events_keys(
+    store: Arc<dyn Store>,
+) {
+    let store = store.as_ref();
+    let keyed = |key: &str| NewEvent {
+        idempotency_key: Some(key.into()),
+        ..new_event("t", "h")
+    };
+    let mut finished = Vec::new();
+    for i in 0..5 {
+        let id = emit_one(store, keyed(&format!("k{i}"))).await;
+        assert!(store.delete(id).await.expect("delete"));
+        finished.push(id);
+    }
+    // Stored later, by the store's clock, than the finished ones' keys.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let live = emit_one(store, keyed("live")).await;
+    let past = ago(Duration::from_secs(60));
+    let future = from_now(Duration::from_secs(60));
+    assert_eq!(store.purge_keys(past, 100).await.expect("purge_keys"), 0);
+    assert_eq!(store.purge_keys(future, 0).await.expect("purge_keys"), 0);
+    assert_eq!(store.purge_keys(future, 2).await.expect("purge_keys"), 2);
+    assert_eq!(store.purge_keys(future, 2).await.expect("purge_keys"), 2);
+    // The last finished one, and the live one (kept).
+    assert_eq!(store.purge_keys(future, 2).await.expect("purge_keys"), 1);
+    // Reset to now: not before a purge as old as the last.
+    let now = store_now(store).await;
+    assert_eq!(
+        store
+            .purge_keys(now.minus(Duration::from_secs(1)), 100)
+            .await
+            .expect("purge_keys"),
+        0
+    );
+    assert_eq!(
+        store.emit(&[keyed("live")]).await.expect("emit"),
+        vec![Emitted::Existing(live)]
+    );
+    for (i, old) in finished.iter().enumerate() {
+        let again = keyed(&format!("k{i}"));
+        assert_eq!(
+            store
+                .emit(std::slice::from_ref(&again))
+                .await
+                .expect("emit"),
+            vec![Emitted::Created(again.id)],
+            "the key of {old} was purged"
+        );
+    }
+}
+
+/// The purge of dead and done events does not touch idempotency keys: a
+/// key outlives its event's purge, until [`Store::purge_keys`].
+pub async fn purge_leaves_idempotency_keys_alone(store: Arc<dyn Store>) {
+    let store = store.as_ref();
+    let keyed = || NewEvent {
+        idempotency_key: Some("k".into()),
+        ..new_event("t", "h")
+    };
+    let id = emit_one(store, keyed()).await;
+    assert!(settle_one(store, id, None, Finish::Archive).await);
+    let future = from_now(Duration::from_secs(60));
+    assert_eq!(store.purge(future, future, 100).await.expect("purge"), 1);
+    assert_eq!(store.get(id).await.expect("get"), None);
+    assert_eq!(
+        store.emit(&[keyed()]).await.expect("emit"),
+        vec![Emitted::Existing(id)]
+    );
 }
 
 /// Revive moves a dead event back to pending: attempt 0, due now, no lease,

@@ -1,4 +1,4 @@
--- herald's PostgreSQL schema, version 13: each claimed event gets a lease
+-- herald's PostgreSQL schema, version 14: each claimed event gets a lease
 -- token of its own.
 --
 -- The claim took one token for its whole batch, so the runs of one claim
