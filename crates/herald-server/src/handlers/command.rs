@@ -62,6 +62,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use super::leftovers::SERVER_ID_VAR;
 use super::watchdog::RunWatch;
 use super::{show, ConfigError, EventMeta};
+use herald::escape::escaped;
 use herald::{Context, Outcome};
 
 /// The most of stderr kept for the event's error: its last bytes.
@@ -291,7 +292,7 @@ impl CommandHandler {
             (_, Ok(status)) => self.judge(status, with_tail),
         };
         tracing::debug!(
-            handler = %meta.handler, event = %meta.event_id, attempt = meta.attempt, ?outcome,
+            handler = %escaped(&meta.handler), event = %meta.event_id, attempt = meta.attempt, ?outcome,
             "command ran"
         );
         outcome

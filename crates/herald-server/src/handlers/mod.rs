@@ -30,6 +30,8 @@
 
 pub mod command;
 pub mod leftovers;
+#[cfg(test)]
+mod log_tests;
 pub mod watchdog;
 pub mod webhook;
 

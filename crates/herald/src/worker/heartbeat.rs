@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::telemetry::RunEvent;
 use super::{RunEntry, WorkerState};
+use crate::escape::escaped;
 use crate::model::Millis;
 use crate::store::LeaseRef;
 
@@ -60,7 +61,7 @@ async fn beat(shared: &WorkerState) {
             match tokio::time::timeout(lease / 3, shared.queue.extend(&tags)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "cannot extend notification deadlines");
+                    tracing::warn!(error = %escaped(&e), "cannot extend notification deadlines");
                 }
                 Err(_) => tracing::warn!(
                     "extending notification deadlines took over a third of the lease; given up until the next beat"
@@ -69,7 +70,7 @@ async fn beat(shared: &WorkerState) {
         }
         Err(e) => {
             shared.record(RunEvent::StoreFailed);
-            tracing::warn!(error = %e, leases = held.len(), "lease renewal failed");
+            tracing::warn!(error = %escaped(&e), leases = held.len(), "lease renewal failed");
             // Past a whole lease without a renewal, the lease has surely lapsed.
             let cutoff = Millis::now().minus(lease);
             let mut runs = shared.runs.lock().expect("runs lock");
