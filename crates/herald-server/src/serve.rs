@@ -12,6 +12,8 @@ pub mod telemetry;
 mod ui;
 
 #[cfg(test)]
+mod api_fuzz_tests;
+#[cfg(test)]
 mod api_tests;
 
 use std::future::IntoFuture;
