@@ -131,3 +131,12 @@ fi
 cargo test --workspace --all-features "$@"
 # The benchmark peers' shared contract (its own workspace, bench/peers/contract).
 cargo test --manifest-path bench/peers/contract/Cargo.toml
+# Schemathesis against the server's OpenAPI document (needs python3 with venv/pip).
+if command -v python3 >/dev/null 2>&1 && python3 -m venv --help >/dev/null 2>&1; then
+  crates/herald-server/tests/schemathesis.sh
+elif [ "${CI:-}" = true ]; then
+  echo "test.sh: python3 with venv is required for the schemathesis run (CI=true)" >&2
+  exit 1
+else
+  echo "test.sh: SKIPPED the schemathesis run: python3 with venv/pip is not installed" >&2
+fi

@@ -49,6 +49,7 @@ use async_nats::jetstream::{self, consumer, stream, AckKind};
 use async_nats::{ConnectErrorKind, HeaderMap};
 use async_trait::async_trait;
 use futures::{FutureExt, StreamExt};
+use herald::escape::escaped;
 use herald::queue::{
     Delivery, DeliveryTag, MessageLimits, Publish, Queue, QueueError, QueueResult, Retention,
 };
@@ -175,7 +176,8 @@ impl NatsQueue {
                 Err(e) => {
                     if !waiting {
                         tracing::warn!(
-                            "cannot connect to {shown} yet: {e}; trying again for up to {CONNECT_WAIT:?}"
+                            "cannot connect to {shown} yet: {e}; trying again for up to {CONNECT_WAIT:?}",
+                            e = escaped(&e)
                         );
                         waiting = true;
                     }
@@ -407,7 +409,7 @@ impl NatsQueue {
             if let Some(due) = due.filter(|d| *d > now) {
                 let left = Duration::from_millis(due - now);
                 if let Err(e) = m.ack_with(AckKind::Nak(Some(left))).await {
-                    tracing::warn!("cannot nak a message that is not due: {e}");
+                    tracing::warn!("cannot nak a message that is not due: {}", escaped(&e));
                 }
                 continue;
             }
@@ -446,7 +448,11 @@ impl NatsQueue {
                 match opened {
                     Ok(b) => state.batch = Some(b),
                     Err(e) => {
-                        tracing::warn!("pull from {} failed: {e}", self.config.consumer);
+                        tracing::warn!(
+                            "pull from {} failed: {}",
+                            self.config.consumer,
+                            escaped(&e)
+                        );
                         drop(state);
                         tokio::time::sleep(Duration::from_millis(500)).await;
                         state = self.pull.lock().await;
@@ -480,7 +486,7 @@ impl NatsQueue {
                 }
                 Some(Err(e)) => {
                     state.batch = None;
-                    tracing::warn!("pull from {} failed: {e}", self.config.consumer);
+                    tracing::warn!("pull from {} failed: {}", self.config.consumer, escaped(&e));
                     if waiting {
                         drop(state);
                         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -6,6 +6,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use herald::escape::escaped;
 use herald::store::StoreResult;
 use herald::{Emitted, EventId, Millis, NewEvent, StoreError};
 use sqlx::PgConnection;
@@ -267,14 +268,14 @@ impl PgStore {
                 Ok(out) if lost > 1 => return Ok(after_retry(events, out)),
                 Ok(out) => return Ok(out),
                 Err(e) if e.transient() && transient < 4 => {
-                    tracing::debug!(error = %e, tries = transient, "herald-postgres: transient failure, trying again");
+                    tracing::debug!(error = %escaped(&e), tries = transient, "herald-postgres: transient failure, trying again");
                     transient += 1;
                     tokio::time::sleep(Duration::from_millis(rand_millis(5 * transient as u64)))
                         .await;
                 }
                 Err(e) if e.connection_lost() && lost < EMIT_TRIES => {
                     let pause = emit_pause(lost, rand_millis(1000) as f64 / 1000.0);
-                    tracing::warn!(error = %e, tries = lost, ?pause, events = events.len(), "herald-postgres: emit lost its connection, trying again");
+                    tracing::warn!(error = %escaped(&e), tries = lost, ?pause, events = events.len(), "herald-postgres: emit lost its connection, trying again");
                     lost += 1;
                     tokio::time::sleep(pause).await;
                 }

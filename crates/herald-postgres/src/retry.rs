@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use herald::escape::escaped;
 use herald::store::StoreResult;
 use herald::StoreError;
 
@@ -22,7 +23,7 @@ where
     loop {
         match attempt().await {
             Err(e) if e.transient() && tries < 4 => {
-                tracing::debug!(op, error = %e, tries, "herald-postgres: transient failure, trying again");
+                tracing::debug!(op, error = %escaped(&e), tries, "herald-postgres: transient failure, trying again");
                 tries += 1;
                 let pause = Duration::from_millis(rand_millis(5 * tries));
                 tokio::time::sleep(pause).await;

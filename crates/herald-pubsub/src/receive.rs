@@ -8,6 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 use futures::{FutureExt, StreamExt};
 use gcloud_gax::grpc::Code;
 use gcloud_pubsub::subscriber::ReceivedMessage;
+use herald::escape::escaped;
 use herald::queue::{Delivery, DeliveryTag};
 
 use crate::settings::{hold_back_seconds, time_left};
@@ -79,7 +80,7 @@ impl Inner {
             // If this fails the message comes back after the stream's
             // deadline and is held back again then.
             if let Err(e) = self.modify_deadline(ids, seconds).await {
-                tracing::warn!(error = %e, "cannot hold back a message that is not due");
+                tracing::warn!(error = %escaped(&e), "cannot hold back a message that is not due");
             }
         }
         due
@@ -99,7 +100,7 @@ impl Inner {
                 match self.subscribe().await {
                     Ok(s) => *stream = Some(s),
                     Err(e) => {
-                        tracing::warn!(subscription = %self.config.subscription_name(), error = %e, "cannot open the streaming pull");
+                        tracing::warn!(subscription = %self.config.subscription_name(), error = %escaped(&e), "cannot open the streaming pull");
                         tokio::time::sleep(REOPEN_PAUSE).await;
                         continue;
                     }
@@ -114,7 +115,7 @@ impl Inner {
                     old.dispose().await;
                 }
                 if let Err(e) = self.ensure().await {
-                    tracing::warn!(error = %e, "cannot check the subscription");
+                    tracing::warn!(error = %escaped(&e), "cannot check the subscription");
                 }
                 tokio::time::sleep(REOPEN_PAUSE).await;
                 continue;
@@ -150,12 +151,12 @@ impl Inner {
                 Err(e) if e.code() == Code::NotFound => {
                     tracing::warn!(subscription = %self.config.subscription_name(), "the subscription is gone; creating it again");
                     if let Err(e) = self.ensure().await {
-                        tracing::warn!(error = %e, "cannot check the subscription");
+                        tracing::warn!(error = %escaped(&e), "cannot check the subscription");
                     }
                     tokio::time::sleep(REOPEN_PAUSE).await;
                 }
                 Err(e) => {
-                    tracing::warn!(subscription = %self.config.subscription_name(), error = %e, "pull failed");
+                    tracing::warn!(subscription = %self.config.subscription_name(), error = %escaped(&e), "pull failed");
                     tokio::time::sleep(REOPEN_PAUSE).await;
                 }
             }
@@ -187,7 +188,7 @@ impl Inner {
         );
         if let Err(e) = self.modify_deadline(lapsed, 0).await {
             // They come back after the subscription's deadline instead.
-            tracing::warn!(error = %e, "cannot hand back deliveries past their ack wait");
+            tracing::warn!(error = %escaped(&e), "cannot hand back deliveries past their ack wait");
         }
     }
 }

@@ -8,6 +8,7 @@ use gcloud_gax::grpc::{Code, Status};
 use gcloud_pubsub::client::{Client, ClientConfig};
 use gcloud_pubsub::subscriber::SubscriberConfig;
 use gcloud_pubsub::subscription::{MessageStream, SubscribeConfig};
+use herald::escape::escaped;
 use herald::queue::{QueueError, QueueResult};
 
 use crate::settings::{self};
@@ -77,7 +78,8 @@ pub(crate) async fn client(config: &PubsubConfig) -> QueueResult<Client> {
                 }
                 if !waiting {
                     tracing::warn!(
-                        "cannot connect to {where_} yet: {e}; trying again for up to {CONNECT_WAIT:?}"
+                        "cannot connect to {where_} yet: {e}; trying again for up to {CONNECT_WAIT:?}",
+                        e = escaped(&e)
                     );
                     waiting = true;
                 }

@@ -12,6 +12,8 @@ pub mod telemetry;
 mod ui;
 
 #[cfg(test)]
+mod api_fuzz_tests;
+#[cfg(test)]
 mod api_tests;
 
 use std::future::IntoFuture;
@@ -19,6 +21,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use herald::escape::escaped;
 use herald::{Client, Context, Handler, MemoryQueue, Queue, Store, StoreError, Worker};
 use herald_postgres::PgStore;
 
@@ -402,11 +405,11 @@ async fn reload(store: &dyn Store, overrides: &config::Overrides) {
     match config::load(overrides, &|k| std::env::var(k).ok()) {
         Ok(config) => {
             if let Err(e) = apply_declared(store, &config).await {
-                tracing::error!(error = %e, "the configuration's subscriptions and schedules could not be applied");
+                tracing::error!(error = %escaped(&e), "the configuration's subscriptions and schedules could not be applied");
             }
         }
         Err(e) => {
-            tracing::error!(error = %e, "the configuration is refused; subscriptions and schedules stay as they were");
+            tracing::error!(error = %escaped(&e), "the configuration is refused; subscriptions and schedules stay as they were");
         }
     }
 }

@@ -19,6 +19,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 
+use herald::escape::escaped;
 use herald::store::{StoreError, StoreResult};
 use herald::Millis;
 use rusqlite::Connection;
@@ -139,7 +140,7 @@ pub(crate) fn run(conn: Connection, jobs: Receiver<Box<dyn Job>>) {
     }
     tracing::debug!("herald-sqlite: every store handle was dropped; writer thread ends");
     if let Err((_, e)) = conn.close() {
-        tracing::warn!(error = %e, "herald-sqlite: closing the database failed");
+        tracing::warn!(error = %escaped(&e), "herald-sqlite: closing the database failed");
     }
 }
 
@@ -235,7 +236,7 @@ fn commit(conn: &Connection) -> Option<Failure> {
 fn rollback(conn: &Connection) {
     if !conn.is_autocommit() {
         if let Err(e) = exec(conn, "ROLLBACK") {
-            tracing::error!(error = %e, "herald-sqlite: ROLLBACK failed");
+            tracing::error!(error = %escaped(&e), "herald-sqlite: ROLLBACK failed");
         }
     }
 }
@@ -243,7 +244,7 @@ fn rollback(conn: &Connection) {
 /// Replies to every job of the group.
 fn finish(group: &mut Vec<Box<dyn Job>>, failure: Option<Failure>) {
     if let Some(why) = &failure {
-        tracing::warn!(jobs = group.len(), reason = %why, "herald-sqlite: group not committed");
+        tracing::warn!(jobs = group.len(), reason = %escaped(why), "herald-sqlite: group not committed");
     }
     for job in group.drain(..) {
         job.reply(failure.as_ref());

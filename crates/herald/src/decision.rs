@@ -359,7 +359,7 @@ fn bury(event: &Event, policy: &Policy) -> Admission {
 /// LockClaim, lost: another worker won the compare-and-set.
 fn lost_claim(policy: &Policy) -> Answer {
     Answer {
-        reply: Reply::Nack(policy.lost_claim_delay),
+        reply: Reply::Nack(policy.queue_delay(policy.lost_claim_delay)),
         tally: Tally::Requeued,
     }
 }
@@ -367,7 +367,7 @@ fn lost_claim(policy: &Policy) -> Answer {
 /// Any step before a run: the store failed. Write nothing; the queue redelivers.
 pub fn store_failed(policy: &Policy) -> Answer {
     Answer {
-        reply: Reply::Nack(policy.store_retry_delay),
+        reply: Reply::Nack(policy.queue_delay(policy.store_retry_delay)),
         tally: Tally::Requeued,
     }
 }
@@ -492,7 +492,7 @@ pub fn settle(run: Claimed, end: RunEnd, policy: &Policy, jitter: f64) -> Plan {
         },
         // Not `requeued`, which counts notifications put back without a run.
         failed: Answer {
-            reply: Reply::Nack(policy.store_retry_delay),
+            reply: Reply::Nack(policy.queue_delay(policy.store_retry_delay)),
             tally: Tally::Nothing,
         },
     })

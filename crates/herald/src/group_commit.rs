@@ -25,6 +25,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
 
+use crate::escape::escaped;
 use crate::model::{Emitted, NewEvent};
 use crate::publisher::{created, Publisher};
 use crate::store::{Store, StoreError, StoreResult};
@@ -273,7 +274,7 @@ async fn write_group(store: &dyn Store, mut group: Vec<Pending>) -> Vec<Answered
             }
         }
         Err(e) => {
-            tracing::debug!(error = %e, emits = group.len(), "a grouped emit failed; writing each emit on its own");
+            tracing::debug!(error = %escaped(&e), emits = group.len(), "a grouped emit failed; writing each emit on its own");
             for (p, n) in group.into_iter().zip(lens).rev() {
                 let events = all.split_off(all.len() - n);
                 let out = store.emit(&events).await;

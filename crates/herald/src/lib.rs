@@ -4,6 +4,7 @@
 
 pub mod client;
 pub mod decision;
+pub mod escape;
 mod group_commit;
 pub mod handler;
 pub mod memory_queue;

@@ -423,10 +423,9 @@ impl Notification {
     /// exact for two ids or more, an upper bound for one.
     pub fn encoded_len(tenant: &str, ids: usize) -> usize {
         // {"tenant":"…","event_ids":["…",…]}: an id is 36 characters and two
-        // quotes, plus a comma between ids. Tenant names need no escaping
-        // (they are checked at emit), so their length is their JSON length.
+        // quotes, plus a comma between ids.
         const FRAME: usize = r#"{"tenant":"","event_ids":[]}"#.len();
-        FRAME + tenant.len() + ids * 39 - usize::from(ids > 0)
+        FRAME + json_text_len(tenant) + ids * 39 - usize::from(ids > 0)
     }
 
     /// Reads either wire form; anything else is garbage. Repeated ids are
@@ -445,6 +444,19 @@ impl Notification {
             event_ids,
         })
     }
+}
+
+/// The length of `text` inside a JSON string as serde_json writes it:
+/// tenant names may hold quotes and backslashes (only control characters
+/// are refused at emit), which it escapes.
+fn json_text_len(text: &str) -> usize {
+    text.chars()
+        .map(|c| match c {
+            '"' | '\\' | '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 2,
+            c if (c as u32) < 0x20 => 6,
+            c => c.len_utf8(),
+        })
+        .sum()
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
 
+use crate::escape::escaped;
 use crate::model::{Emitted, Millis, NewEvent};
 use crate::queue::{Publish, Queue};
 use crate::store::Scheduled;
@@ -220,7 +221,7 @@ async fn publish(queue: &dyn Queue, events: Vec<Scheduled>) {
     let count = events.len();
     let batch = Publish::group(events, queue.message_limits());
     if let Err(e) = queue.publish(&batch).await {
-        tracing::warn!(error = %e, events = count, messages = batch.len(), "events stored but not notified; the reconciler will notify them");
+        tracing::warn!(error = %escaped(&e), events = count, messages = batch.len(), "events stored but not notified; the reconciler will notify them");
     }
 }
 

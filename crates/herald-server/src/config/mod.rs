@@ -286,4 +286,6 @@ pub fn load(
 }
 
 #[cfg(test)]
+mod fuzz_tests;
+#[cfg(test)]
 mod tests;

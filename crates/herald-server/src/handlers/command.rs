@@ -68,6 +68,7 @@ use super::gate;
 use super::leftovers::SERVER_ID_VAR;
 use super::watchdog::{Registration, RunWatch};
 use super::{show, ConfigError, EventMeta};
+use herald::escape::escaped;
 use herald::{Context, Outcome};
 
 /// The most of stderr kept for the event's error: its last bytes.
@@ -362,7 +363,7 @@ impl CommandHandler {
             (_, Ok(status)) => self.judge(status, with_tail),
         };
         tracing::debug!(
-            handler = %meta.handler, event = %meta.event_id, attempt = meta.attempt, ?outcome,
+            handler = %escaped(&meta.handler), event = %meta.event_id, attempt = meta.attempt, ?outcome,
             "command ran"
         );
         outcome

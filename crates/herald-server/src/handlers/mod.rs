@@ -31,6 +31,8 @@
 pub mod command;
 pub mod gate;
 pub mod leftovers;
+#[cfg(test)]
+mod log_tests;
 pub mod watchdog;
 pub mod webhook;
 

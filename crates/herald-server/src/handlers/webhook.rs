@@ -78,6 +78,7 @@ use serde_json::value::RawValue;
 use sha2::Sha256;
 
 use super::{show, ConfigError, EventMeta};
+use herald::escape::escaped;
 use herald::{Context, Outcome};
 
 /// The most of a failed answer's body kept in the event's error.
@@ -256,7 +257,7 @@ impl WebhookHandler {
             },
         };
         tracing::debug!(
-            handler = %meta.handler, event = %meta.event_id, attempt = meta.attempt, ?outcome,
+            handler = %escaped(&meta.handler), event = %meta.event_id, attempt = meta.attempt, ?outcome,
             "webhook delivered"
         );
         outcome

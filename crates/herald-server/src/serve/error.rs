@@ -5,6 +5,7 @@ use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::{header, request::Parts, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use herald::escape::escaped;
 use herald::ClientError;
 use serde::de::DeserializeOwned;
 
@@ -124,7 +125,7 @@ impl From<herald::StoreError> for ApiError {
                 "the server is shutting down; send the request to another instance or try again shortly",
             ),
             S::Unavailable { .. } => {
-                tracing::warn!(error = %e, "store unavailable while serving a request");
+                tracing::warn!(error = %escaped(&e), "store unavailable while serving a request");
                 ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "store_unavailable",
@@ -132,7 +133,7 @@ impl From<herald::StoreError> for ApiError {
                 )
             }
             other => {
-                tracing::warn!(error = %other, "store error while serving a request");
+                tracing::warn!(error = %escaped(&other), "store error while serving a request");
                 ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "store_unavailable",

@@ -11,6 +11,7 @@ use super::settle::Ended;
 use super::telemetry::RunEvent;
 use super::{run, WorkerState};
 use crate::decision::{self, Answer, Plan, Tally, Write};
+use crate::escape::escaped;
 use crate::model::{EventId, LeaseToken, Notification};
 use crate::queue::{Delivery, DeliveryTag};
 use crate::store::{LeaseRef, Settle, StoreResult};
@@ -43,7 +44,7 @@ pub(super) async fn receive_loop(shared: Arc<WorkerState>, ended: mpsc::Unbounde
             }
             Ok(d) => d,
             Err(e) => {
-                tracing::warn!(error = %e, retry_in = ?pause, "cannot receive from the queue");
+                tracing::warn!(error = %escaped(&e), retry_in = ?pause, "cannot receive from the queue");
                 tokio::select! {
                     _ = tokio::time::sleep(pause) => {}
                     _ = shared.stop_receiving.cancelled() => return,
@@ -63,7 +64,7 @@ pub(super) async fn receive_loop(shared: Arc<WorkerState>, ended: mpsc::Unbounde
                 "received more than the free claims hold"
             );
             if let Err(e) = shared.queue.nack(&extra).await {
-                tracing::warn!(error = %e, "nack failed; the queue will redeliver after its deadline");
+                tracing::warn!(error = %escaped(&e), "nack failed; the queue will redeliver after its deadline");
             }
         }
         if batch.messages > 0 {
@@ -116,9 +117,10 @@ impl Batch {
         for (i, d) in deliveries.into_iter().enumerate() {
             match Notification::decode(&d.payload) {
                 Err(e) => {
-                    let preview = String::from_utf8_lossy(&d.payload[..d.payload.len().min(120)])
-                        .into_owned();
-                    tracing::warn!(error = %e, message = %preview, "dropping a message that is not a notification");
+                    // Anyone who can publish to the queue writes this: escaped,
+                    // or a newline in it forges a log record.
+                    let preview = String::from_utf8_lossy(&d.payload[..d.payload.len().min(120)]);
+                    tracing::warn!(error = %escaped(&e), body = %escaped(&preview), "dropping a message that is not a notification");
                     batch.garbage.push(d.tag);
                 }
                 Ok(n)
@@ -186,7 +188,7 @@ async fn admit_batch(
     if !garbage.is_empty() {
         shared.record(RunEvent::Garbage(garbage.len()));
         if let Err(e) = shared.queue.terminate(&garbage).await {
-            tracing::warn!(error = %e, "cannot remove garbage from the queue");
+            tracing::warn!(error = %escaped(&e), "cannot remove garbage from the queue");
         }
     }
     if notes.is_empty() {
@@ -217,7 +219,7 @@ async fn admit_batch(
     {
         Ok(c) => c,
         Err(e) => {
-            tracing::warn!(error = %e, events = leases.len(), "claim failed; notifications go back to the queue");
+            tracing::warn!(error = %escaped(&e), events = leases.len(), "claim failed; notifications go back to the queue");
             shared.record(RunEvent::StoreFailed);
             return requeue_all(&shared, notes, decision::store_failed(&policy)).await;
         }
@@ -259,7 +261,7 @@ async fn admit_batch(
     let seen = match shared.store.inspect(&ids).await {
         Ok(s) => s,
         Err(e) => {
-            tracing::warn!(error = %e, "inspect failed; notifications go back to the queue");
+            tracing::warn!(error = %escaped(&e), "inspect failed; notifications go back to the queue");
             shared.record(RunEvent::StoreFailed);
             return requeue_all(&shared, rest, decision::store_failed(&policy)).await;
         }
@@ -287,7 +289,7 @@ async fn admit_batch(
         let settles: Vec<Settle> = writes.iter().map(|(w, ..)| w.settle.clone()).collect();
         let held = shared.store.settle(&settles).await;
         if let Err(e) = &held {
-            tracing::warn!(error = %e, "cannot move exhausted events to dead");
+            tracing::warn!(error = %escaped(&e), "cannot move exhausted events to dead");
             shared.record(RunEvent::StoreFailed);
         }
         for (i, (write, id, message, instruments)) in writes.into_iter().enumerate() {

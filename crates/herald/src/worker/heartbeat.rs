@@ -11,6 +11,7 @@ use tokio::time::MissedTickBehavior;
 
 use super::telemetry::RunEvent;
 use super::{RunEntry, WorkerState};
+use crate::escape::escaped;
 use crate::store::LeaseRef;
 
 /// Every `lease / 3`: renew all leases in one call, extend their
@@ -83,7 +84,7 @@ async fn beat(shared: &Arc<WorkerState>) {
         Ok(Ok(renewed)) => renewed,
         Ok(Err(e)) => {
             shared.record(RunEvent::StoreFailed);
-            tracing::warn!(error = %e, leases = held.len(), "lease renewal failed; the guard cancels runs before their leases can lapse");
+            tracing::warn!(error = %escaped(&e), leases = held.len(), "lease renewal failed; the guard cancels runs before their leases can lapse");
             return;
         }
         Err(_) => {
@@ -120,7 +121,7 @@ async fn beat(shared: &Arc<WorkerState>) {
         match tokio::time::timeout(lease / 3, shared.queue.extend(&tags)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
-                tracing::warn!(error = %e, "cannot extend notification deadlines");
+                tracing::warn!(error = %escaped(&e), "cannot extend notification deadlines");
             }
             Err(_) => tracing::warn!(
                 "extending notification deadlines took over a third of the lease; given up until the next beat"

@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::telemetry::{Instruments, RunEvent};
 use super::WorkerState;
 use crate::decision::{self, Answer, Close, Reply};
+use crate::escape::escaped;
 use crate::model::{EventId, Notification};
 use crate::queue::{DeliveryTag, Publish};
 use crate::store::Scheduled;
@@ -108,19 +109,19 @@ impl Answers {
             match shared.queue.publish(&requeue).await {
                 Ok(()) => self.acks.append(&mut self.acks_after_requeue),
                 Err(e) => tracing::warn!(
-                    error = %e, events, messages = self.acks_after_requeue.len(),
+                    error = %escaped(&e), events, messages = self.acks_after_requeue.len(),
                     "cannot publish the notifications of requeued events; their messages are left for the queue to redeliver"
                 ),
             }
         }
         if !self.acks.is_empty() {
             if let Err(e) = shared.queue.ack(&self.acks).await {
-                tracing::warn!(error = %e, count = self.acks.len(), "ack failed; the queue will redeliver");
+                tracing::warn!(error = %escaped(&e), count = self.acks.len(), "ack failed; the queue will redeliver");
             }
         }
         if !self.nacks.is_empty() {
             if let Err(e) = shared.queue.nack(&self.nacks).await {
-                tracing::warn!(error = %e, count = self.nacks.len(), "nack failed; the queue will redeliver after its deadline");
+                tracing::warn!(error = %escaped(&e), count = self.nacks.len(), "nack failed; the queue will redeliver after its deadline");
             }
         }
     }

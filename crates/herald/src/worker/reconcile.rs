@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::telemetry::RunEvent;
 use super::WorkerState;
+use crate::escape::escaped;
 use crate::model::Millis;
 use crate::queue::{Publish, Retention};
 
@@ -61,7 +62,7 @@ pub(super) async fn reconcile_loop(shared: Arc<WorkerState>) {
                     purge(&shared).await;
                     if let Err(e) = shared.store.upkeep().await {
                         shared.record(RunEvent::StoreFailed);
-                        tracing::warn!(error = %e, "store upkeep failed");
+                        tracing::warn!(error = %escaped(&e), "store upkeep failed");
                     }
                     every
                 } else {
@@ -76,7 +77,7 @@ pub(super) async fn reconcile_loop(shared: Arc<WorkerState>) {
             }
             Err(e) => {
                 shared.record(RunEvent::StoreFailed);
-                tracing::warn!(error = %e, "cannot take or keep the reconciler lease");
+                tracing::warn!(error = %escaped(&e), "cannot take or keep the reconciler lease");
                 every
             }
         };
@@ -87,7 +88,7 @@ pub(super) async fn reconcile_loop(shared: Arc<WorkerState>) {
     }
     if leading {
         if let Err(e) = shared.store.resign(ROLE, &cfg.name).await {
-            tracing::warn!(error = %e, "cannot resign the reconciler lease");
+            tracing::warn!(error = %escaped(&e), "cannot resign the reconciler lease");
         }
     }
 }
@@ -103,7 +104,7 @@ async fn sweep(shared: &WorkerState, quiet: Duration) -> bool {
             Ok(p) => p,
             Err(e) => {
                 shared.record(RunEvent::StoreFailed);
-                tracing::warn!(error = %e, "sweep failed");
+                tracing::warn!(error = %escaped(&e), "sweep failed");
                 return false;
             }
         };
@@ -116,7 +117,7 @@ async fn sweep(shared: &WorkerState, quiet: Duration) -> bool {
         if n > 0 {
             if let Err(e) = shared.queue.publish(&batch).await {
                 // They are stamped as notified; the next quiet period brings them back.
-                tracing::warn!(error = %e, events = n, "cannot publish reconciled notifications");
+                tracing::warn!(error = %escaped(&e), events = n, "cannot publish reconciled notifications");
                 return false;
             }
         }
@@ -138,7 +139,7 @@ async fn purge(shared: &WorkerState) {
             Ok(_) => continue,
             Err(e) => {
                 shared.record(RunEvent::StoreFailed);
-                tracing::warn!(error = %e, "purge failed");
+                tracing::warn!(error = %escaped(&e), "purge failed");
                 return;
             }
         }

@@ -14,6 +14,7 @@ use super::settle::Ended;
 use super::telemetry::RunEvent;
 use super::{RunEntry, WorkerState};
 use crate::decision::{Claimed, RunEnd};
+use crate::escape::escaped;
 use crate::handler::{Context, Handler, Outcome};
 use crate::model::{Event, LeaseToken, Millis};
 use crate::store::LeaseRef;
@@ -88,7 +89,7 @@ pub(super) fn start(
             }
         };
         ended.store(true, Ordering::Release);
-        tracing::debug!(event = %event.id, handler = %event.handler, attempt = event.attempt, ?end, ?ran, "run ended");
+        tracing::debug!(event = %event.id, handler = %escaped(&event.handler), attempt = event.attempt, ?end, ?ran, "run ended");
         // The settler outlives every run (shutdown waits for runs first).
         let _ = to_settle.send(Ended {
             message,

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use super::telemetry::RunEvent;
 use super::WorkerState;
+use crate::escape::escaped;
 use crate::model::Emitted;
 use crate::queue::Publish;
 use crate::schedule::{fire, ScheduleFiring};
@@ -63,7 +64,7 @@ pub(super) async fn schedule_loop(shared: Arc<WorkerState>) {
                 }
                 Err(e) => {
                     shared.record(RunEvent::StoreFailed);
-                    tracing::warn!(error = %e, "cannot take or keep the scheduler lease");
+                    tracing::warn!(error = %escaped(&e), "cannot take or keep the scheduler lease");
                     // Not renewed: stop firing until the lease is ours again.
                     leading = false;
                     renewed = None;
@@ -78,7 +79,7 @@ pub(super) async fn schedule_loop(shared: Arc<WorkerState>) {
     }
     if leading {
         if let Err(e) = shared.store.resign(ROLE, &cfg.name).await {
-            tracing::warn!(error = %e, "cannot resign the scheduler lease");
+            tracing::warn!(error = %escaped(&e), "cannot resign the scheduler lease");
         }
     }
 }
@@ -94,7 +95,7 @@ async fn tick(shared: &WorkerState) {
             Ok(d) => d,
             Err(e) => {
                 shared.record(RunEvent::StoreFailed);
-                tracing::warn!(error = %e, "cannot read the due schedules");
+                tracing::warn!(error = %escaped(&e), "cannot read the due schedules");
                 return;
             }
         };
@@ -121,9 +122,9 @@ async fn tick(shared: &WorkerState) {
                 Ok(Some(emitted)) => {
                     progressed = true;
                     if f.dropped_missed {
-                        tracing::info!(tenant = %s.tenant, schedule = %s.name, policy = ?s.missed, from = s.next_at.0, "missed occurrences passed over by the schedule's policy");
+                        tracing::info!(tenant = %escaped(&s.tenant), schedule = %escaped(&s.name), policy = ?s.missed, from = s.next_at.0, "missed occurrences passed over by the schedule's policy");
                     }
-                    tracing::debug!(tenant = %s.tenant, schedule = %s.name, occurrences = emitted.len(), next_at = f.next_at.0, "schedule fired");
+                    tracing::debug!(tenant = %escaped(&s.tenant), schedule = %escaped(&s.name), occurrences = emitted.len(), next_at = f.next_at.0, "schedule fired");
                     shared.record(RunEvent::Scheduled(emitted.len()));
                     created.extend(emitted.into_iter().filter_map(|e| match e {
                         Emitted::Created(id) => Some(Scheduled::due(s.tenant.clone(), id)),
@@ -131,11 +132,11 @@ async fn tick(shared: &WorkerState) {
                     }));
                 }
                 Ok(None) => {
-                    tracing::debug!(tenant = %s.tenant, schedule = %s.name, "schedule fired by another leader");
+                    tracing::debug!(tenant = %escaped(&s.tenant), schedule = %escaped(&s.name), "schedule fired by another leader");
                 }
                 Err(e) => {
                     shared.record(RunEvent::StoreFailed);
-                    tracing::warn!(error = %e, tenant = %s.tenant, schedule = %s.name, "cannot fire the schedule");
+                    tracing::warn!(error = %escaped(&e), tenant = %escaped(&s.tenant), schedule = %escaped(&s.name), "cannot fire the schedule");
                 }
             }
         }
@@ -145,7 +146,7 @@ async fn tick(shared: &WorkerState) {
             if let Err(e) = shared.queue.publish(&batch).await {
                 // Stored, and stamped notified at their run_at: the
                 // reconciler's sweep notifies them after its quiet period.
-                tracing::warn!(error = %e, events = n, "cannot publish scheduled events' notifications");
+                tracing::warn!(error = %escaped(&e), events = n, "cannot publish scheduled events' notifications");
             }
         }
         if !full || !progressed {

@@ -10,6 +10,7 @@ use super::message::{Answers, Message};
 use super::telemetry::{Instruments, RunEvent};
 use super::WorkerState;
 use crate::decision::{self, Answer, Claimed, Plan, RunEnd, RunSettled, Tally, Write};
+use crate::escape::escaped;
 use crate::store::{Finish, LeaseRef, Settle};
 
 /// A run that ended and waits to be settled.
@@ -89,7 +90,7 @@ pub(super) async fn settle_loop(
 /// the events run again once their leases have lapsed.
 fn log_panic(joined: Option<Result<(), tokio::task::JoinError>>) {
     if let Some(Err(e)) = joined {
-        tracing::error!(error = %e, "a settle call panicked; its runs were not answered");
+        tracing::error!(error = %escaped(&e), "a settle call panicked; its runs were not answered");
     }
 }
 
@@ -108,11 +109,11 @@ fn log_failure(e: &Ended, write: &Write) {
     match (&write.settle.finish, write.held.tally) {
         (Finish::Release { wait, .. }, Tally::Settled(RunSettled::Retried)) => tracing::info!(
             %event, tenant, handler, attempt, max_attempts,
-            retry_in = ?wait, %error, "attempt failed; will retry"
+            retry_in = ?wait, error = %escaped(&error), "attempt failed; will retry"
         ),
         (_, Tally::Settled(RunSettled::Dead)) => tracing::warn!(
             %event, tenant, handler, attempt, max_attempts,
-            %error, "attempt failed; event is dead"
+            error = %escaped(&error), "attempt failed; event is dead"
         ),
         _ => {}
     }
@@ -163,7 +164,7 @@ async fn settle_batch(shared: &WorkerState, batch: Vec<Ended>) {
         let held = shared.store.settle(&settles).await;
         if let Err(err) = &held {
             shared.record(RunEvent::StoreFailed);
-            tracing::warn!(error = %err, runs = settles.len(), "cannot settle runs; notifications go back to the queue");
+            tracing::warn!(error = %escaped(&err), runs = settles.len(), "cannot settle runs; notifications go back to the queue");
         }
         for (i, (e, write)) in writes.iter().enumerate() {
             let answer = written(write, &held, i);
