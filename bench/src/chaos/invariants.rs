@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use crate::faults::Fault;
+use crate::faults::{Fault, Kind};
 use crate::ledger::Run;
 use crate::producer::{Emitted, REQUEST_TIMEOUT};
 use crate::servers::Incarnation;
@@ -446,10 +446,18 @@ impl Evidence<'_> {
         let mut over = Vec::new();
         for (fi, f) in self.faults.iter().enumerate() {
             let Some(k) = f.kill_at else { continue };
-            if self
-                .fault_near(k - self.lease - 1.0, k + bound + 1.0, fi)
-                .is_some()
-            {
+            // Faults that delay every rescue (the store or the broker away,
+            // a stopped server holding the redelivery) leave the kill out.
+            let disturbed = self.faults.iter().enumerate().any(|(i, g)| {
+                i != fi
+                    && matches!(
+                        g.kind,
+                        Kind::PgCrash | Kind::NatsRestart | Kind::Stop | Kind::PgTerminate
+                    )
+                    && g.start <= k + bound
+                    && g.end >= k - 0.5
+            });
+            if disturbed {
                 continue;
             }
             let Some(slot) = f.slot else { continue };

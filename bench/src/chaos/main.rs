@@ -433,9 +433,10 @@ async fn main() {
     if let Some(q) = &chaos.queue {
         q.queue().close().await;
     }
+    // The scratch schema and stream go first, while NATS still runs.
+    drop(scratch);
     if let Some(n) = chaos.nats.as_mut() {
         n.kill().await;
     }
-    drop(scratch);
     std::process::exit(if failed == 0 { 0 } else { 1 });
 }

@@ -63,7 +63,7 @@ fn pick_mode(rng: &mut StdRng) -> Mode {
 
 /// The events to emit: deterministic from the seed.
 pub(crate) fn plan(n: usize, seed: u64) -> Vec<Emitted> {
-    let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_0f_e4e7);
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x005e_ed0f_e4e7);
     (0..n)
         .map(|i| {
             let mode = pick_mode(&mut rng);
