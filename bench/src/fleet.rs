@@ -443,6 +443,20 @@ pub struct WorkerSpec {
 }
 
 impl WorkerSpec {
+    /// A worker `name` running `herald serve --config CONFIG`, logging to
+    /// `log` (for a deployment without a [`Scratch`], such as SQLite).
+    pub fn new(name: &str, herald: &Path, config: &Path, log: &Path) -> WorkerSpec {
+        WorkerSpec {
+            name: name.to_string(),
+            herald: herald.to_path_buf(),
+            config: config.to_path_buf(),
+            args: Vec::new(),
+            log: log.to_path_buf(),
+            log_level: None,
+            env: Vec::new(),
+        }
+    }
+
     /// Starts the process; its stderr is appended to the log file.
     pub fn spawn(&self) -> Launch {
         let log = std::fs::OpenOptions::new()
@@ -585,6 +599,11 @@ impl Worker {
         self.child.start_kill().expect("SIGKILL the worker");
         self.child.wait().await.expect("reap the worker");
         at
+    }
+
+    /// Its exit status if it has exited, without waiting.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
     }
 
     /// Panics with `what` and the end of its log if it has exited.
