@@ -42,6 +42,11 @@ pub(super) async fn reconcile_loop(shared: Arc<WorkerState>) {
     };
     let mut leading = false;
     loop {
+        // Passes start `every` apart, not `every` after the last one ended:
+        // a pass slowed by a busy store does not push the next one back, so
+        // an expired lease is found within `every` of its expiry plus at
+        // most one pass.
+        let began = tokio::time::Instant::now();
         let wait = match shared.store.lead(ROLE, &cfg.name, lead_for).await {
             Ok(l) => {
                 if l.leading != leading {
@@ -64,7 +69,7 @@ pub(super) async fn reconcile_loop(shared: Arc<WorkerState>) {
                         shared.record(RunEvent::StoreFailed);
                         tracing::warn!(error = %escaped(&e), "store upkeep failed");
                     }
-                    every
+                    every.saturating_sub(began.elapsed()).max(MIN_PASS)
                 } else {
                     // Ask again as the holder's lease lapses, not sooner: the
                     // lease cannot lapse before, so an idle follower sends one
