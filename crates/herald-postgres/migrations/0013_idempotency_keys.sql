@@ -10,10 +10,13 @@
 -- inserts the event, naming the event it created; a later emit with the
 -- same (tenant, handler, key) finds the row and returns that event,
 -- whether it is still stored or has finished. The elected reconciler's
--- upkeep purges rows older than the window (24 h by default) whose event
--- is no longer live, oldest first by `stored_at`, a bounded page at a
--- time; a row whose event is still live gets `stored_at` reset, so it is
--- looked at again only after another window. The live-key index stays:
+-- upkeep looks at rows older than the window (24 h by default), oldest
+-- first by `stored_at`, a bounded page at a time: a row whose event is
+-- still live gets `stored_at` reset; one whose event is no longer live is
+-- marked `gone` with `stored_at` reset the first time, and deleted the
+-- next (a window later). So a key names its event for at least the window
+-- after the emit and at least the window after the event finished (it had
+-- finished when it was first seen gone). The live-key index stays:
 -- it still holds the key of a live event without a row (emitted before
 -- this version, or revived).
 CREATE TABLE idempotency_keys (
@@ -22,6 +25,8 @@ CREATE TABLE idempotency_keys (
     key        text   NOT NULL,
     event_id   uuid   NOT NULL,
     stored_at  bigint NOT NULL,
+    -- Its event was seen no longer live at `stored_at`.
+    gone       boolean NOT NULL DEFAULT false,
     PRIMARY KEY (tenant, handler, key)
 );
 

@@ -216,11 +216,12 @@ impl PgStore {
         self
     }
 
-    /// Sets how long an idempotency key keeps naming its event after the
-    /// emit that stored it (default [`herald::DEFAULT_IDEMPOTENCY_WINDOW`],
-    /// 24 h): an emit with the key within it returns that event, even if it
-    /// has finished. [`herald::Store::upkeep`] (the elected reconciler's
-    /// pass) purges older keys whose events are no longer live.
+    /// Sets how long an idempotency key keeps naming its event, at least,
+    /// after the emit that stored it and after the event finished (default
+    /// [`herald::DEFAULT_IDEMPOTENCY_WINDOW`], 24 h): an emit with the key
+    /// within it returns that event, even if it has finished.
+    /// [`herald::Store::upkeep`] (the elected reconciler's pass) purges the
+    /// keys past it ([`herald::Store::purge_keys`]).
     pub fn with_idempotency_window(mut self, window: Duration) -> PgStore {
         self.idempotency_window = window;
         self

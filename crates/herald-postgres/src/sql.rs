@@ -180,21 +180,24 @@ const STORED_KEYS: &str = "SELECT u.pos, k.event_id \
        ON k.tenant = u.tenant AND k.handler = u.handler AND k.key = u.key";
 
 /// [`herald::Store::purge_keys`]: up to `$2` keys stored before `$1`,
-/// oldest first; those whose event is no longer live (no live event holds
-/// the key: one probe of the live-key index) are deleted, the others get
-/// `stored_at` reset to now. Returns the number deleted.
+/// oldest first. Whether a live event holds the key is one probe of the
+/// live-key index. A key whose event is live, or was not yet seen gone,
+/// is kept: `stored_at` reset to now, `gone` set to whether its event is
+/// no longer live. A key already seen gone a window ago is deleted.
+/// Returns the number deleted.
 const PURGE_KEYS: &str = "WITH due AS (\
-       SELECT k.tenant, k.handler, k.key, EXISTS (SELECT 1 FROM {s}.events AS e \
+       SELECT k.tenant, k.handler, k.key, k.gone, EXISTS (SELECT 1 FROM {s}.events AS e \
          WHERE e.tenant = k.tenant AND e.handler = k.handler \
            AND e.idempotency_key = k.key AND e.state = 0) AS live \
        FROM {s}.idempotency_keys AS k WHERE k.stored_at < $1 \
        ORDER BY k.stored_at LIMIT $2 FOR UPDATE OF k SKIP LOCKED), \
-     kept AS (UPDATE {s}.idempotency_keys AS k SET stored_at = {now} FROM due \
-       WHERE due.live AND k.tenant = due.tenant AND k.handler = due.handler \
-         AND k.key = due.key RETURNING 1), \
+     kept AS (UPDATE {s}.idempotency_keys AS k SET stored_at = {now}, gone = NOT due.live \
+       FROM due \
+       WHERE (due.live OR NOT due.gone) AND k.tenant = due.tenant \
+         AND k.handler = due.handler AND k.key = due.key RETURNING 1), \
      gone AS (DELETE FROM {s}.idempotency_keys AS k USING due \
-       WHERE NOT due.live AND k.tenant = due.tenant AND k.handler = due.handler \
-         AND k.key = due.key RETURNING 1) \
+       WHERE NOT due.live AND due.gone AND k.tenant = due.tenant \
+         AND k.handler = due.handler AND k.key = due.key RETURNING 1) \
      SELECT count(*) FROM gone";
 
 /// The live events holding idempotency keys, one index probe per key. `$4`

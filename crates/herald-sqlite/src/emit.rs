@@ -98,7 +98,8 @@ pub(crate) fn emit(
 
 /// The keys stored before `before`, oldest first, at most `?2`: `?1` before.
 /// Whether each one's event is live is looked up by the live-key index.
-const DUE_KEYS_SQL: &str = "SELECT k.tenant, k.handler, k.key, EXISTS (SELECT 1 FROM events e \
+const DUE_KEYS_SQL: &str =
+    "SELECT k.tenant, k.handler, k.key, k.gone, EXISTS (SELECT 1 FROM events e \
      WHERE e.tenant = k.tenant AND e.handler = k.handler AND e.idempotency_key = k.key \
      AND e.state = 0) FROM idempotency_keys k WHERE k.stored_at < ?1 \
      ORDER BY k.stored_at LIMIT ?2";
@@ -106,12 +107,13 @@ const DUE_KEYS_SQL: &str = "SELECT k.tenant, k.handler, k.key, EXISTS (SELECT 1 
 const DELETE_KEY_SQL: &str =
     "DELETE FROM idempotency_keys WHERE tenant = ?1 AND handler = ?2 AND key = ?3";
 
-const KEEP_KEY_SQL: &str =
-    "UPDATE idempotency_keys SET stored_at = ?4 WHERE tenant = ?1 AND handler = ?2 AND key = ?3";
+const KEEP_KEY_SQL: &str = "UPDATE idempotency_keys SET stored_at = ?4, gone = ?5 \
+     WHERE tenant = ?1 AND handler = ?2 AND key = ?3";
 
 /// [`herald::Store::purge_keys`]: up to `limit` keys stored before
-/// `before`; those of events no longer live go, the others are kept with
-/// their time reset to `now`. Returns how many went.
+/// `before`. A key whose event is live, or was not yet seen gone, is kept
+/// with its time reset to `now` (and marked gone if its event is no longer
+/// live); one already seen gone a window ago goes. Returns how many went.
 pub(crate) fn purge_keys(
     conn: &Connection,
     now: Millis,
@@ -119,11 +121,11 @@ pub(crate) fn purge_keys(
     limit: usize,
 ) -> StoreResult<u64> {
     const OP: &str = "purge_keys";
-    let due: Vec<(String, String, String, bool)> = conn
+    let due: Vec<(String, String, String, bool, bool)> = conn
         .prepare_cached(DUE_KEYS_SQL)
         .ctx(OP)?
         .query_map(params![before.0, sql_limit(limit)], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
         })
         .ctx(OP)?
         .collect::<Result<_, _>>()
@@ -131,11 +133,12 @@ pub(crate) fn purge_keys(
     let mut delete = conn.prepare_cached(DELETE_KEY_SQL).ctx(OP)?;
     let mut keep = conn.prepare_cached(KEEP_KEY_SQL).ctx(OP)?;
     let mut gone = 0;
-    for (tenant, handler, key, live) in due {
-        if live {
-            keep.execute(params![tenant, handler, key, now.0]).ctx(OP)?;
-        } else {
+    for (tenant, handler, key, seen_gone, live) in due {
+        if !live && seen_gone {
             gone += delete.execute(params![tenant, handler, key]).ctx(OP)? as u64;
+        } else {
+            keep.execute(params![tenant, handler, key, now.0, !live])
+                .ctx(OP)?;
         }
     }
     Ok(gone)

@@ -108,8 +108,8 @@ pub struct EmitOptions {
     /// [`DEFAULT_MAX_ATTEMPTS`] (10) for raw JSON.
     pub max_attempts: Option<u32>,
     /// One event per `(tenant, handler, key)`: a second emit returns the
-    /// first's id, while the first is stored and for the store's
-    /// idempotency window after the emit even once it finished (24 h by
+    /// first's id, while the first is stored and for at least the store's
+    /// idempotency window after the emit and after it finished (24 h by
     /// default: `with_idempotency_window` of the PostgreSQL and SQLite
     /// stores, herald.toml `idempotency_window`), so an emit retried after
     /// a timeout never stores a second event.

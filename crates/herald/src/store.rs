@@ -460,8 +460,9 @@ pub struct SubscriptionSync {
     pub removed: u64,
 }
 
-/// How long an idempotency key keeps naming its event by default: a day
-/// from the emit, as the event platforms keep theirs (Stripe, Inngest). See
+/// How long an idempotency key keeps naming its event by default, at least:
+/// a day from the emit and from the event's end, as the event platforms
+/// keep theirs (Stripe, Inngest). See
 /// [`Store::purge_keys`] and ADR 0013.
 pub const DEFAULT_IDEMPOTENCY_WINDOW: Duration = Duration::from_secs(24 * 60 * 60);
 
@@ -489,12 +490,14 @@ pub trait Store: Send + Sync + 'static {
     async fn emit(&self, events: &[NewEvent]) -> StoreResult<Vec<Emitted>>;
 
     /// Handles up to `limit` idempotency keys stored (by the store's clock)
-    /// before `before`, oldest first: a key whose event is no longer live
-    /// (finished, dead or deleted) is deleted, so that the next emit with it
-    /// creates a new event; a key whose event is still live is kept, its
-    /// time reset to now, so that it names its event while it is live and
-    /// is looked at again only after another window. Returns how many keys
-    /// were deleted. A store's [`Store::upkeep`] calls it with its
+    /// before `before`, oldest first. A key whose event is still live is
+    /// kept, its time reset to now, so that it names its event while it is
+    /// live and is looked at again only after another window. A key whose
+    /// event is no longer live (finished, dead or deleted) is marked gone,
+    /// its time reset, the first time; the next time (a window later) it is
+    /// deleted, so that the next emit with it creates a new event. So a key
+    /// names its event for at least the window after the emit and after the
+    /// event finished. Returns how many keys were deleted. A store's [`Store::upkeep`] calls it with its
     /// configured window ([`DEFAULT_IDEMPOTENCY_WINDOW`] by default).
     async fn purge_keys(&self, before: Millis, limit: usize) -> StoreResult<u64>;
 

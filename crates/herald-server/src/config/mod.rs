@@ -181,8 +181,9 @@ pub struct ServeConfig {
     /// How long an emit whose events are stored waits at most for their
     /// notifications' publish ([`herald::Client::notify_wait`]).
     pub notify_wait: Duration,
-    /// How long an idempotency key keeps naming its event after the emit
-    /// ([`herald::Store::purge_keys`], docs/semantics.md).
+    /// How long an idempotency key keeps naming its event, at least, after
+    /// the emit and after the event finished ([`herald::Store::purge_keys`],
+    /// docs/semantics.md).
     pub idempotency_window: Duration,
     /// The worker's settings.
     pub worker: WorkerConfig,

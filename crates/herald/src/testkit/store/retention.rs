@@ -54,8 +54,10 @@ pub async fn purge_deletes_old_dead_and_done_events_up_to_the_limit(store: Arc<d
 /// An emit retried after its event ran and was deleted (a client that
 /// timed out and tried again) returns the original event and stores
 /// nothing, as long as its key is within the window: a purge of keys older
-/// than the window leaves it. Once a purge covers it, the next emit with
-/// the key creates a new event.
+/// than the window leaves it. The first purge that covers it sees its event
+/// gone and keeps it one more window, which is at least the window after
+/// the event finished; the next one deletes it, and the next emit with the
+/// key creates a new event.
 pub async fn a_retried_emit_after_its_event_finished_returns_it_within_the_window(
     store: Arc<dyn Store>,
 ) {
@@ -86,7 +88,17 @@ pub async fn a_retried_emit_after_its_event_finished_returns_it_within_the_windo
         store.emit(&[keyed()]).await.expect("emit"),
         vec![Emitted::Existing(id)]
     );
-    // The window has passed.
+    // The window has passed: the event is seen gone, the key kept a window
+    // more (its time reset to now).
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let before = store_now(store).await;
+    assert_eq!(store.purge_keys(before, 100).await.expect("purge_keys"), 0);
+    assert_eq!(
+        store.emit(&[keyed()]).await.expect("emit"),
+        vec![Emitted::Existing(id)]
+    );
+    assert_eq!(store.purge_keys(before, 100).await.expect("purge_keys"), 0);
+    // A window after it was seen gone.
     tokio::time::sleep(Duration::from_millis(20)).await;
     let before = store_now(store).await;
     assert_eq!(store.purge_keys(before, 100).await.expect("purge_keys"), 1);
@@ -100,10 +112,10 @@ pub async fn a_retried_emit_after_its_event_finished_returns_it_within_the_windo
     );
 }
 
-/// A purge of keys handles at most `limit` keys, oldest first: the keys of
-/// finished events go, a live event's key is kept (and its time reset, so
-/// that the next purge of the same age passes it by). Keys stored after
-/// `before` are left alone.
+/// A purge of keys handles at most `limit` keys, oldest first: the key of
+/// a finished event is marked gone the first time and goes the next, a
+/// live event's key is kept (and its time reset, so that the next purge of
+/// the same age passes it by). Keys stored after `before` are left alone.
 pub async fn purge_keys_goes_oldest_first_up_to_the_limit_and_keeps_live_events_keys(
     store: Arc<dyn Store>,
 ) {
@@ -125,6 +137,13 @@ pub async fn purge_keys_goes_oldest_first_up_to_the_limit_and_keeps_live_events_
     let future = from_now(Duration::from_secs(60));
     assert_eq!(store.purge_keys(past, 100).await.expect("purge_keys"), 0);
     assert_eq!(store.purge_keys(future, 0).await.expect("purge_keys"), 0);
+    // Seen gone, two at a time, oldest first (each pass a few ms apart, so
+    // that the times it resets keep that order); then the live one.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(store.purge_keys(future, 2).await.expect("purge_keys"), 0);
+    }
+    tokio::time::sleep(Duration::from_millis(5)).await;
     assert_eq!(store.purge_keys(future, 2).await.expect("purge_keys"), 2);
     assert_eq!(store.purge_keys(future, 2).await.expect("purge_keys"), 2);
     // The last finished one, and the live one (kept).
