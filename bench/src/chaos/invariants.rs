@@ -203,10 +203,11 @@ impl Evidence<'_> {
                             if i.killed { "SIGKILLed" } else { "dead" },
                             t(i.ended.unwrap_or_default())
                         ),
+                        // A stopped server's watchdog kills its commands
+                        // at their lease deadline: no overlap is allowed.
                         Some(i) => match i.stopped_at(b.begin) {
-                            Some(cont) if a.finish() <= cont + self.lease / 3.0 + 1.5 => continue,
                             Some(cont) => format!(
-                                "its server (pid {}) was SIGSTOPped; the run went on {:.3} s after SIGCONT",
+                                "its server (pid {}) was SIGSTOPped and its run watchdog did not end the run by its lease deadline (it ended {:.3} s after SIGCONT)",
                                 i.pid,
                                 a.finish() - cont
                             ),
