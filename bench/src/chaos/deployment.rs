@@ -66,6 +66,14 @@ impl Mode {
         }
     }
 
+    /// How many of its first attempts fail by design.
+    pub(crate) fn designed_failures(self) -> u32 {
+        match self {
+            Mode::Flaky => 2,
+            _ => 0,
+        }
+    }
+
     /// Whether its events end dead rather than done.
     pub(crate) fn ends_dead(self) -> bool {
         matches!(self, Mode::Crash | Mode::Fail)
@@ -76,8 +84,7 @@ impl Mode {
 /// per run, each one `write` in append mode (atomic for lines this short):
 /// `B` as it starts (before reading stdin), `R` with the length and POSIX
 /// `cksum` of stdin, `E` with its exit code (missing when the run was
-/// killed). A run is known by its event and lease token (one claim's
-/// events share a token). Times are `$EPOCHREALTIME`: no process per line.
+/// killed). A run is known by its event and lease token (unique per run). Times are `$EPOCHREALTIME`: no process per line.
 const SCRIPT: &str = r#"#!/bin/bash
 mode=$1 ledger=$2
 printf 'B %s %s %s %s %s %s %s %s %s\n' "$EPOCHREALTIME" "$HERALD_EVENT_ID" "$HERALD_ATTEMPT" \

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use crate::deployment::Mode;
 use crate::faults::{Fault, Kind};
 use crate::ledger::Run;
 use crate::producer::{Emitted, REQUEST_TIMEOUT};
@@ -115,6 +116,21 @@ impl Evidence<'_> {
             .filter(|r| r.end.as_ref().is_some_and(|(_, c)| c == "0"))
             .map(|r| r.event.as_str())
             .collect();
+        let mut runs_of: HashMap<&str, Vec<&Run>> = HashMap::new();
+        for r in self.runs {
+            runs_of.entry(r.event.as_str()).or_default().push(r);
+        }
+        // Dead because kills used up its attempts: no run of it ended by
+        // itself but the failures its mode is made of, and some were
+        // killed (attempts count claims; a claim that never started is not
+        // in the ledger at all).
+        let killed_out = |id: &str, mode: Mode| {
+            let runs = runs_of.get(id).map(Vec::as_slice).unwrap_or_default();
+            runs.iter().any(|r| r.end.is_none())
+                && runs
+                    .iter()
+                    .all(|r| r.end.is_none() || r.attempt <= mode.designed_failures())
+        };
         let mut checked = 0;
         let mut failures = Vec::new();
         for e in self.produced {
@@ -129,6 +145,7 @@ impl Evidence<'_> {
                 let dead = e.mode.ends_dead();
                 match finals.get(id) {
                     Some(f) if f.state == "dead" && dead => {}
+                    Some(f) if f.state == "dead" && killed_out(id, e.mode) => {}
                     Some(f) if f.state == "dead" => failures.push(format!(
                         "{id} ({handler}, key {}) is dead, expected done (attempt {}/{})",
                         e.key, f.attempt, f.max_attempts
@@ -448,13 +465,15 @@ impl Evidence<'_> {
         for (fi, f) in self.faults.iter().enumerate() {
             let Some(k) = f.kill_at else { continue };
             // Faults that delay every rescue (the store or the broker away,
-            // a stopped server holding the redelivery) leave the kill out.
+            // a stopped server holding the redelivery), and another fault
+            // of the killed server itself (killed again before it could
+            // rescue: the embedded shape has no other), leave the kill out.
             let disturbed = self.faults.iter().enumerate().any(|(i, g)| {
                 i != fi
-                    && matches!(
+                    && (matches!(
                         g.kind,
                         Kind::PgCrash | Kind::NatsRestart | Kind::Stop | Kind::PgTerminate
-                    )
+                    ) || (g.slot.is_some() && g.slot == f.slot))
                     && g.start <= k + bound
                     && g.end >= k - 0.5
             });
