@@ -270,7 +270,7 @@ async fn read_only_postgres_is_refused_at_start_and_answers_503_mid_run() {
     assert_eq!(status.code(), Some(1), "{stderr}");
     let last = stderr.lines().last().unwrap_or_default();
     assert!(
-        last.contains(&format!("cannot open the store at postgres://postgres@"))
+        last.contains("cannot open the store at postgres://postgres@")
             && last.contains(&db.name)
             && last.contains("read-only"),
         "{stderr}"
@@ -556,8 +556,8 @@ async fn sqlite_on_a_full_disk_answers_503_and_recovers_once_space_is_freed() {
     }
 }
 
-/// `PRAGMA integrity_check` through herald's own SQLite store: opening it
-/// runs the check's cheaper cousin, and a damaged file fails to open.
+/// Without the `sqlite3` command: whether herald's SQLite store opens the
+/// file (a damaged one fails to open).
 fn rusqlite_check(db: &Path) -> String {
     match herald_sqlite::SqliteStore::open(db) {
         Ok(_) => "ok".into(),
