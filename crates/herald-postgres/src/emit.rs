@@ -98,7 +98,6 @@ impl PgStore {
         }
         // An idempotent hit can race with the live event's end (deleted
         // between our conflict and our look-up): try again, a few times.
-        let local_now = Millis::now();
         for _round in 0..5 {
             if todo.is_empty() {
                 break;
@@ -114,14 +113,7 @@ impl PgStore {
                 .bind(batch.iter().map(|e| e.tenant.as_str()).collect::<Vec<_>>())
                 .bind(batch.iter().map(|e| e.handler.as_str()).collect::<Vec<_>>())
                 .bind(batch.iter().map(|e| e.payload.as_str()).collect::<Vec<_>>())
-                // Offsets from this process's clock; the statement adds the
-                // database's (sql.rs, RUN_AT).
-                .bind(
-                    batch
-                        .iter()
-                        .map(|e| e.run_at.0.saturating_sub(local_now.0))
-                        .collect::<Vec<_>>(),
-                )
+                .bind(batch.iter().map(|e| e.run_at.0).collect::<Vec<_>>())
                 .bind(
                     batch
                         .iter()

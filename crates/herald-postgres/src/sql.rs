@@ -157,21 +157,14 @@ const RENEW: &str = "SELECT * FROM {s}.renew($1, $2, $3, $4)";
 /// delay), kept below the parked mark. Migration 5's `emit` says how an id
 /// stays unique across the leaves.
 const EMIT: &str = "SELECT * FROM {s}.emit($1::uuid[], $2::text[], $3::text[], $4::text[], \
-     {run_at}, $6::int4[], $7::text[], $8::text[])";
-
-/// The events' `run_at` by the database's clock: `$5` holds each event's
-/// `run_at` less the emitting process's clock at the emit, so that a
-/// process whose clock is off by minutes neither delays its events by the
-/// difference nor runs delayed ones early.
-const RUN_AT: &str = "ARRAY(SELECT {now} + o FROM unnest($5::int8[]) WITH ORDINALITY AS t(o, n) \
-     ORDER BY n)";
+     $5::int8[], $6::int4[], $7::text[], $8::text[])";
 
 /// [`EMIT`] for a batch with idempotency keys: the same insert, and in the
 /// same statement a key row for each keyed event it created, naming it
 /// (migration 13). A key that has a row already keeps it (two emits that
 /// raced past the look-up below: the first one's row stays).
 const EMIT_KEYED: &str = "WITH ins AS (SELECT * FROM {s}.emit($1::uuid[], $2::text[], \
-     $3::text[], $4::text[], {run_at}, $6::int4[], $7::text[], $8::text[]) AS i(id)), \
+     $3::text[], $4::text[], $5::int8[], $6::int4[], $7::text[], $8::text[]) AS i(id)), \
      keys AS (INSERT INTO {s}.idempotency_keys (tenant, handler, key, event_id, stored_at) \
      SELECT u.tenant, u.handler, u.key, u.id, {now} \
      FROM unnest($1::uuid[], $2::text[], $3::text[], $7::text[]) AS u(id, tenant, handler, key) \
@@ -569,7 +562,6 @@ impl Sql {
 
 fn fill(template: &str, quoted: &str) -> String {
     template
-        .replace("{run_at}", RUN_AT)
         .replace("{s}", quoted)
         .replace("{cols}", EVENT_COLUMNS)
         .replace("{nowexpr}", NOW_EXPR)
