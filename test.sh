@@ -107,6 +107,13 @@ if [ -z "${PUBSUB_EMULATOR_HOST:-}" ]; then
   fi
 fi
 
+# libfaketime for the skewed-clock tests (crates/herald-server/tests/hostile.rs).
+if [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 ]; then
+  echo "test.sh: installing faketime for the skewed-clock tests"
+  { as_root apt-get update && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y faketime; } \
+    || echo "test.sh: cannot install faketime; the skewed-clock tests will say SKIPPED" >&2
+fi
+
 # The dashboard's browser test: headless Chromium driven by playwright-core.
 if [ ! -x /usr/bin/chromium ]; then
   echo "test.sh: installing chromium for the dashboard's browser test"

@@ -146,6 +146,9 @@ impl PgStore {
 
     /// Connects with explicit pool and connection options, using `schema`
     /// for herald's tables. Checks the schema like [`PgStore::connect`].
+    /// A server that cannot be reached (refused, or no answer at all) is
+    /// tried again, 0.1 s apart doubling up to 1 s, for the pool's acquire
+    /// timeout; the error then says why the last attempt failed.
     /// herald sets nothing on the connections (the statements carry their
     /// own planner settings).
     pub async fn connect_with(
@@ -154,6 +157,8 @@ impl PgStore {
         schema: &str,
     ) -> StoreResult<PgStore> {
         let location = describe(&options);
+        // The pool's own failure to connect says only "pool timed out".
+        pool::first_connection(&options, pool.get_acquire_timeout(), &location).await?;
         let pool = pool
             .connect_with(options)
             .await

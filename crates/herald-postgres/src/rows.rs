@@ -56,7 +56,7 @@ impl DbError {
     }
 }
 
-fn connection_error(e: &sqlx::Error) -> bool {
+pub(crate) fn connection_error(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)

@@ -341,7 +341,7 @@ pub(crate) async fn open_store(config: &ServeConfig) -> Result<Arc<dyn Store>, S
             let location = config.store.to_string();
             let options: sqlx::postgres::PgConnectOptions =
                 url.parse().map_err(|e: sqlx::Error| StoreError::Open {
-                    location,
+                    location: location.clone(),
                     reason: e.to_string(),
                 })?;
             let pool = herald_postgres::pool_options()
@@ -353,6 +353,7 @@ pub(crate) async fn open_store(config: &ServeConfig) -> Result<Arc<dyn Store>, S
                 "which run commits skip their WAL flush (emits never do; ADR 0012)"
             );
             let store = PgStore::connect_with(pool, options, &config.pg_schema).await?;
+            refuse_read_only(&store, &location).await?;
             Arc::new(
                 store
                     .with_run_commits(runs)
@@ -360,6 +361,31 @@ pub(crate) async fn open_store(config: &ServeConfig) -> Result<Arc<dyn Store>, S
             )
         }
     })
+}
+
+/// Fails when the database takes no writes (a hot standby, or
+/// `default_transaction_read_only`): otherwise the first write, some
+/// statement of the start, fails with a message that names neither the
+/// store nor the cause. Mid-run, writes fail one by one instead (503s,
+/// failed claims) until the database takes writes again.
+async fn refuse_read_only(store: &PgStore, location: &str) -> Result<(), StoreError> {
+    let read_only: String = sqlx::query_scalar("SHOW transaction_read_only")
+        .fetch_one(store.pool())
+        .await
+        .map_err(|e| StoreError::Open {
+            location: location.to_string(),
+            reason: e.to_string(),
+        })?;
+    if read_only == "on" {
+        return Err(StoreError::Open {
+            location: location.to_string(),
+            reason: "the database is read-only (transaction_read_only is on: a hot standby, \
+                     or default_transaction_read_only is set); herald writes to it, so point \
+                     store at a writable primary"
+                .to_string(),
+        });
+    }
+    Ok(())
 }
 
 /// Writes what the configuration declares to the store, at start and on
