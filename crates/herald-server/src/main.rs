@@ -82,11 +82,6 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     without_huge_pages();
-    // A command run's gate: it only waits for its frame and becomes the
-    // program, so it parses nothing else and logs nothing.
-    if let Some(code) = handlers::gate::run_if_asked() {
-        return code;
-    }
     let cli = Cli::parse();
     // The demo's dead events are expected: keep its screen for the summary.
     let default_level = match cli.command {

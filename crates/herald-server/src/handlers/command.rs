@@ -59,7 +59,7 @@ use nix::sys::signal::{killpg, Signal};
 use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use serde::Deserialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::process::{Child, ChildStderr};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
@@ -134,8 +134,6 @@ pub struct CommandHandler {
     snooze_for: Duration,
     fail_exit_code: Option<i32>,
     watch: RunWatch,
-    /// The executable started as each watched run's gate.
-    gate: PathBuf,
 }
 
 impl CommandHandler {
@@ -182,7 +180,6 @@ impl CommandHandler {
             snooze_for: config.snooze_for,
             fail_exit_code: config.fail_exit_code.map(Into::into),
             watch: RunWatch::none(),
-            gate: PathBuf::from("/proc/self/exe"),
         })
     }
 
@@ -190,14 +187,6 @@ impl CommandHandler {
     /// the server; runs carry its server id as `HERALD_SERVER_ID`.
     pub fn watched_by(mut self, watch: RunWatch) -> Self {
         self.watch = watch;
-        self
-    }
-
-    /// Starts watched runs behind `program` as their [gate](super::gate):
-    /// by default this very program (`/proc/self/exe`, which must call
-    /// [`super::watchdog::run_if_asked`] first thing), or a `herald` binary.
-    pub fn gated_by(mut self, program: impl Into<PathBuf>) -> Self {
-        self.gate = program.into();
         self
     }
 
@@ -241,34 +230,29 @@ impl CommandHandler {
         let sigchld = signal(SignalKind::child())
             .inspect_err(|e| tracing::warn!("cannot listen for SIGCHLD ({e}); polling instead"))
             .ok();
-        // Watched, the program starts behind the gate, which waits for the
-        // registration and the payload; unwatched (nothing to register),
-        // it starts at once with the payload's file as stdin.
-        let gated = self.watch.is_watching();
-        let mut command = if gated {
-            let mut gate = tokio::process::Command::new(&self.gate);
-            if self.gate.as_os_str() == "/proc/self/exe" {
-                // Named as itself in `ps`, not as /proc/self/exe.
-                if let Ok(exe) = std::env::current_exe() {
-                    gate.arg0(exe);
-                }
-            }
-            gate.arg(gate::SUBCOMMAND).arg(&self.program);
-            gate.stdin(Stdio::piped());
-            gate
-        } else {
-            let stdin = match gate::payload_file(payload.as_bytes()) {
-                Ok(fd) => fd,
-                Err(e) => return Outcome::retry(format!("cannot hold the payload: {e}")),
+        // The whole payload, before anything starts.
+        let stdin = match gate::payload_file(payload.as_bytes()) {
+            Ok(fd) => fd,
+            Err(e) => return Outcome::retry(format!("cannot hold the payload: {e}")),
+        };
+        // Watched, the program starts behind the gate, which waits until
+        // the watchdog has the group; unwatched (nothing to register), at
+        // once.
+        let (mut command, latch) = if self.watch.is_watching() {
+            let (latch, waits_on) = match gate::Latch::new() {
+                Ok(l) => l,
+                Err(e) => return Outcome::retry(format!("cannot make the gate's pipe: {e}")),
             };
+            let gate = gate::command(Path::new(&self.program), &self.args, waits_on);
+            (gate, Some(latch))
+        } else {
             let mut direct = tokio::process::Command::new(&self.program);
-            direct.stdin(Stdio::from(stdin));
-            direct
+            direct.args(&self.args).stdout(Stdio::null());
+            (direct, None)
         };
         command
-            .args(&self.args)
             .process_group(0)
-            .stdout(Stdio::null())
+            .stdin(Stdio::from(stdin))
             .stderr(Stdio::piped())
             .env("HERALD_EVENT_ID", &meta.event_id)
             .env("HERALD_TENANT", &meta.tenant)
@@ -283,7 +267,6 @@ impl CommandHandler {
             Ok(child) => child,
             Err(e) => return Outcome::retry(format!("cannot start command {}: {e}", self.program)),
         };
-        let stdin = child.stdin.take();
         let mut stderr = child.stderr.take();
         let Some(mut group) = ProcessGroup::new(child, self.watch.clone()) else {
             return Outcome::retry(format!("command {} vanished at start", self.program));
@@ -303,25 +286,21 @@ impl CommandHandler {
                 _ = &mut cancelled => return Outcome::Snooze(Duration::ZERO),
             }
         }
+        if let Some(latch) = latch {
+            if let Err(e) = latch.open() {
+                // The gate is gone: its exit (waited for below) says why.
+                tracing::debug!("cannot open the gate: {e}");
+            }
+        }
         let mut tail = Tail::default();
         let (end, status) = {
-            // Only the gate has a pipe for stdin; it starts the program once
-            // it has read the whole frame.
-            let write_frame = async {
-                if let Some(mut stdin) = stdin {
-                    if let Err(e) = stdin.write_all(&gate::frame(payload.as_bytes())).await {
-                        tracing::debug!("the gate did not take its frame: {e}");
-                    }
-                }
-            };
             let read_stderr = read_tail(stderr.as_mut(), &mut tail);
             let exited = wait_exited(pid, sigchld);
             let deadline = tokio::time::sleep(self.timeout);
-            tokio::pin!(write_frame, read_stderr, exited, deadline);
-            let (mut frame_done, mut stderr_done) = (false, false);
+            tokio::pin!(read_stderr, exited, deadline);
+            let mut stderr_done = false;
             let end = loop {
                 tokio::select! {
-                    _ = &mut write_frame, if !frame_done => frame_done = true,
                     // In this task, so that no deadline can follow the
                     // group's end to the watchdog.
                     at = renewed(&mut lease_deadline) => self.watch.deadline(pid.as_raw(), at),
@@ -711,19 +690,6 @@ pub(crate) mod tests {
         );
     }
 
-    /// The `herald` binary beside this test binary (`cargo test` builds
-    /// it with the package's other targets): the real gate.
-    fn herald_binary() -> PathBuf {
-        let exe = std::env::current_exe().unwrap();
-        let bin = exe.parent().unwrap().parent().unwrap().join("herald");
-        assert!(
-            bin.exists(),
-            "{} is missing: run the tests with cargo test -p herald-server",
-            bin.display()
-        );
-        bin
-    }
-
     #[tokio::test]
     async fn the_whole_payload_is_on_stdin_as_a_file_when_the_program_begins() {
         // A pipe would show size 0 at the start, and a payload written into
@@ -738,7 +704,7 @@ pub(crate) mod tests {
             let mut handler = CommandHandler::new("resize", &config).unwrap();
             let held = if watched {
                 let (watch, held) = RunWatch::held("0123456789abcdef");
-                handler = handler.watched_by(watch).gated_by(herald_binary());
+                handler = handler.watched_by(watch);
                 Some(std::thread::spawn(move || {
                     // Acknowledge every registration, as a live watchdog would.
                     while let Some((_, ack)) = held.next(Duration::from_secs(20)) {
@@ -770,8 +736,7 @@ pub(crate) mod tests {
         let (watch, held) = RunWatch::held("0123456789abcdef");
         let handler = CommandHandler::new("resize", &config)
             .unwrap()
-            .watched_by(watch)
-            .gated_by(herald_binary());
+            .watched_by(watch);
         let began = dir.path().join("began");
         let checker = {
             let began = began.clone();
@@ -799,27 +764,6 @@ pub(crate) mod tests {
             pgid.to_string(),
             "the program is the gate's process"
         );
-    }
-
-    #[tokio::test]
-    async fn a_gate_whose_server_never_sends_the_frame_runs_nothing() {
-        // The server dies (here: the run is dropped) before the watchdog
-        // has the group: the gate reads EOF and never starts the program.
-        let dir = tempfile::tempdir().unwrap();
-        let gate = std::process::Command::new(herald_binary())
-            .args([gate::SUBCOMMAND, "/bin/sh", "-c"])
-            .arg(format!("touch {}/began", dir.path().display()))
-            .stdin(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut gate = gate;
-        // Half a frame, then the pipe closes.
-        let mut stdin = gate.stdin.take().unwrap();
-        std::io::Write::write_all(&mut stdin, &gate::frame(b"{\"a\":1}")[..10]).unwrap();
-        drop(stdin);
-        let status = gate.wait().unwrap();
-        assert_eq!(status.code(), Some(i32::from(gate::NOT_STARTED)));
-        assert!(!dir.path().join("began").exists());
     }
 
     #[tokio::test]

@@ -1,146 +1,158 @@
 //! The gate: a command's program begins only once its run is registered
-//! with the [run watchdog](super::watchdog) and its whole payload is in
-//! hand.
+//! with the [run watchdog](super::watchdog), and with its whole payload.
 //!
-//! A watched command is not spawned directly. The server spawns
-//! `herald exec-run PROGRAM ARGS…` (itself, a hidden subcommand) in the
-//! run's new process group, with a pipe on its stdin; the gate blocks
-//! reading that pipe. The server then registers the group with the
-//! watchdog (the `+PGID` line is in the watchdog's pipe, which outlives the
-//! server) and only then writes the payload, framed: its length as 8 bytes
-//! (little-endian), then its bytes. The gate reads the whole frame, puts the
-//! payload in an anonymous in-memory file (`memfd`) and `exec`s the program
-//! with that file as stdin: same pid, same group, same environment.
+//! The payload goes into an anonymous in-memory file (`memfd`) before
+//! anything is spawned, and that file is the program's stdin: the program
+//! has all of it from its first instruction.
 //!
-//! So however the server dies:
-//! - before the registration, the gate reads EOF before a whole frame and
-//!   exits without running anything (exit status [`NOT_STARTED`]);
+//! A watched run does not spawn its program directly. It spawns `/bin/sh`
+//! in the run's new process group with [`SCRIPT`]: the shell waits for one
+//! line on its fd 1, the read end of a pipe whose write end only the server
+//! holds, then `exec`s the program (same pid, same group, same
+//! environment, stdout back to `/dev/null`). The server registers the group
+//! with the watchdog first (the `+PGID` line is in the watchdog's pipe,
+//! which outlives the server) and only then writes the line. So however the
+//! server dies:
+//! - before the registration, the shell reads EOF and exits
+//!   [`NOT_STARTED`] without running anything;
 //! - after it, the watchdog knows the group and kills it when the server is
 //!   gone, whether or not the program has begun.
 //!
-//! A program therefore never runs unregistered, and never with part of its
-//! payload: its stdin is a regular file holding all of it from the first
-//! instruction (a program may `stat` or `mmap` it).
-//!
-//! Why a gate process rather than a hook between `fork` and `exec`: that
-//! hook (`pre_exec`) needs `unsafe`, and cannot wait for the watchdog
-//! without running code in a forked child of a multi-threaded process.
-//! The price is one more `exec` per run (of this binary, already in the
-//! page cache).
+//! Why a shell rather than a hook between `fork` and `exec`: that hook
+//! (`pre_exec`) needs `unsafe`, and cannot wait for the watchdog without
+//! running code in a forked child of a multi-threaded process. Why a shell
+//! rather than herald itself: `dash` starts in a fraction of the time a
+//! large Rust binary takes to load and relocate, and the gate runs once per
+//! run (`docs/handlers.md` gives the cost).
 
-use std::io::{Read, Write};
+use std::fs::File;
+use std::io::Write;
 use std::os::fd::OwnedFd;
-use std::os::unix::process::CommandExt;
-use std::process::{Command, ExitCode, Stdio};
+use std::path::Path;
 
+use nix::fcntl::OFlag;
 use nix::sys::memfd::{memfd_create, MFdFlags};
+use nix::unistd::pipe2;
 
-/// The hidden subcommand that runs the gate.
-pub const SUBCOMMAND: &str = "exec-run";
+/// The shell that runs the gate.
+pub const SHELL: &str = "/bin/sh";
 
-/// The gate's exit status when the frame never came whole (the server died
-/// or gave up the run before sending it): the program was not started.
-pub const NOT_STARTED: u8 = 124;
+/// The gate's script: `sh -c SCRIPT PROGRAM ARGS…`. Waits for the line on
+/// fd 1, then becomes the program with stdout on `/dev/null`.
+pub const SCRIPT: &str = r#"read -r go <&1 || exit 124; exec "$0" "$@" >/dev/null"#;
 
-/// The gate's exit status when the program could not be `exec`ed (its
-/// reason is on stderr), as a shell says for a command it cannot run.
-pub const CANNOT_EXEC: u8 = 127;
-
-/// The frame the server writes to the gate: the payload's length, then the
-/// payload.
-pub fn frame(payload: &[u8]) -> Vec<u8> {
-    let mut frame = Vec::with_capacity(8 + payload.len());
-    frame.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    frame.extend_from_slice(payload);
-    frame
-}
-
-/// Reads one whole frame from `input`: the payload, or `None` when the
-/// input ends first.
-fn read_frame(mut input: impl Read) -> Option<Vec<u8>> {
-    let mut len = [0u8; 8];
-    input.read_exact(&mut len).ok()?;
-    let len = usize::try_from(u64::from_le_bytes(len)).ok()?;
-    let mut payload = Vec::new();
-    // `take` bounds the read by what the frame announced, so a lying
-    // length cannot make the gate allocate it up front.
-    input.take(len as u64).read_to_end(&mut payload).ok()?;
-    (payload.len() == len).then_some(payload)
-}
+/// The gate's exit status when its line never came (the server died or
+/// gave up the run first): the program was not started.
+pub const NOT_STARTED: i32 = 124;
 
 /// The payload as a file: an anonymous in-memory file holding it, its
 /// offset back at the start.
 pub fn payload_file(payload: &[u8]) -> std::io::Result<OwnedFd> {
     let fd = memfd_create("herald-payload", MFdFlags::MFD_CLOEXEC)?;
-    let mut file = std::fs::File::from(fd);
+    let mut file = File::from(fd);
     file.write_all(payload)?;
     std::io::Seek::rewind(&mut file)?;
     Ok(OwnedFd::from(file))
 }
 
-/// For a program that embeds herald's command handlers: handled by
-/// [`super::watchdog::run_if_asked`], which such a program calls first.
-pub fn run_if_asked() -> Option<ExitCode> {
-    let asked = std::env::args_os().nth(1).is_some_and(|a| a == SUBCOMMAND);
-    asked.then(|| {
-        let mut args = std::env::args_os().skip(2);
-        let Some(program) = args.next() else {
-            eprintln!("herald {SUBCOMMAND}: no program named");
-            return ExitCode::from(CANNOT_EXEC);
-        };
-        exec_run(program, args.collect())
-    })
+/// The gate's command: `sh -c SCRIPT PROGRAM ARGS…`, with `waits_on` (a
+/// [`Latch`]'s read end) as its stdout.
+pub fn command(program: &Path, args: &[String], waits_on: OwnedFd) -> tokio::process::Command {
+    let mut gate = tokio::process::Command::new(SHELL);
+    gate.arg("-c")
+        .arg(SCRIPT)
+        .arg(program)
+        .args(args)
+        .stdout(std::process::Stdio::from(waits_on));
+    gate
 }
 
-/// `herald exec-run PROGRAM ARGS…`: waits for the frame on stdin, then
-/// becomes `PROGRAM ARGS…` with the payload as stdin. Returns only when it
-/// does not run the program.
-fn exec_run(program: std::ffi::OsString, args: Vec<std::ffi::OsString>) -> ExitCode {
-    let Some(payload) = read_frame(std::io::stdin().lock()) else {
-        return ExitCode::from(NOT_STARTED);
-    };
-    let stdin = match payload_file(&payload) {
-        Ok(fd) => fd,
-        Err(e) => {
-            eprintln!("cannot hold the payload for {program:?}: {e}");
-            return ExitCode::from(CANNOT_EXEC);
-        }
-    };
-    drop(payload);
-    // `exec` returns only on failure.
-    let e = Command::new(&program)
-        .args(&args)
-        .stdin(Stdio::from(stdin))
-        .exec();
-    eprintln!("cannot start command {}: {e}", program.to_string_lossy());
-    ExitCode::from(CANNOT_EXEC)
+/// The server's end of the pipe a gate waits on. Both ends are
+/// close-on-exec, so no other child inherits this one (which would keep a
+/// gate from ever seeing EOF).
+pub struct Latch {
+    write: File,
+}
+
+impl Latch {
+    /// A new pipe: the latch, and the read end for the gate.
+    pub fn new() -> std::io::Result<(Latch, OwnedFd)> {
+        let (read, write) = pipe2(OFlag::O_CLOEXEC)?;
+        Ok((
+            Latch {
+                write: File::from(write),
+            },
+            read,
+        ))
+    }
+
+    /// Lets the gate start its program. A few bytes into a new pipe: never
+    /// blocks. An error means the gate is gone (then its exit says so).
+    pub fn open(mut self) -> std::io::Result<()> {
+        self.write.write_all(b"go\n")
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::io::Read;
+    use std::process::Stdio;
 
-    #[test]
-    fn a_frame_is_read_only_whole() {
-        let payload = br#"{"to":"ada@example.com"}"#;
-        let whole = frame(payload);
-        assert_eq!(read_frame(&whole[..]).as_deref(), Some(&payload[..]));
-        assert_eq!(read_frame(&frame(b"")[..]).as_deref(), Some(&b""[..]));
-        // Cut anywhere: nothing.
-        for cut in 0..whole.len() {
-            assert_eq!(read_frame(&whole[..cut]), None, "cut at {cut}");
-        }
-        // A length far past what follows: nothing, and no huge allocation.
-        let mut lying = u64::MAX.to_le_bytes().to_vec();
-        lying.extend_from_slice(b"abc");
-        assert_eq!(read_frame(&lying[..]), None);
-    }
+    use super::*;
 
     #[test]
     fn the_payload_file_holds_the_payload_from_its_start() {
         let fd = payload_file(b"hello").unwrap();
         let mut text = String::new();
-        std::fs::File::from(fd).read_to_string(&mut text).unwrap();
+        File::from(fd).read_to_string(&mut text).unwrap();
         assert_eq!(text, "hello");
+    }
+
+    #[tokio::test]
+    async fn a_gate_never_opened_runs_nothing() {
+        // The server dies (here: drops the latch) before the watchdog has
+        // the group: the gate reads EOF and never starts the program.
+        let dir = tempfile::tempdir().unwrap();
+        let (latch, read) = Latch::new().unwrap();
+        let mut gate = command(
+            Path::new("/bin/sh"),
+            &["-c".into(), format!("touch {}/began", dir.path().display())],
+            read,
+        )
+        .spawn()
+        .unwrap();
+        drop(latch);
+        let status = gate.wait().await.unwrap();
+        assert_eq!(status.code(), Some(NOT_STARTED));
+        assert!(!dir.path().join("began").exists());
+    }
+
+    #[tokio::test]
+    async fn an_opened_gate_becomes_the_program_with_its_arguments() {
+        let dir = tempfile::tempdir().unwrap();
+        let (latch, read) = Latch::new().unwrap();
+        let mut gate = command(
+            Path::new("/bin/sh"),
+            &[
+                "-c".into(),
+                r#"echo "$$ $1 $2" > "$0/ran"; echo to-stdout"#.into(),
+                dir.path().display().to_string(),
+                "two words".into(),
+                "-x".into(),
+            ],
+            read,
+        )
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+        let pid = gate.id().unwrap();
+        latch.open().unwrap();
+        assert!(gate.wait().await.unwrap().success());
+        let text = std::fs::read_to_string(dir.path().join("ran")).unwrap();
+        assert_eq!(
+            text,
+            format!("{pid} two words -x\n"),
+            "same pid, arguments kept"
+        );
     }
 }

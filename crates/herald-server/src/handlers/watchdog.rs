@@ -153,8 +153,7 @@ fn kill_group(pgid: i32) {
 }
 
 /// For a program that embeds herald's command handlers: the watchdog is
-/// this same executable started as `PROGRAM watch-runs`, and so is each
-/// run's [gate](super::gate) (`PROGRAM exec-run`), so such a program
+/// this same executable started as `PROGRAM watch-runs`, so such a program
 /// calls this first thing in `main`, before any thread starts, and returns
 /// the exit code it gives:
 ///
@@ -168,9 +167,6 @@ fn kill_group(pgid: i32) {
 /// }
 /// ```
 pub fn run_if_asked() -> Option<ExitCode> {
-    if let Some(code) = super::gate::run_if_asked() {
-        return Some(code);
-    }
     let asked = std::env::args_os().nth(1).is_some_and(|a| a == SUBCOMMAND);
     asked.then(|| {
         let groups: Vec<String> = std::env::args().skip(2).collect();
