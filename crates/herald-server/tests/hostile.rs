@@ -748,6 +748,23 @@ args = ["-c", "echo run >> {}; sleep 3"]
     tokio::time::sleep(Duration::from_secs(3)).await;
     let ran = std::fs::read_to_string(&runs).unwrap();
     assert_eq!(ran.lines().count(), 3, "runs: {ran}");
+
+    // A schedule made under the skewed clock: its first occurrence is the
+    // first after the database's now, not one the offset away.
+    let t = Instant::now();
+    let r = reqwest::Client::new()
+        .put(s.url("/v1/tenants/acme/schedules/tick"))
+        .json(&json!({"handler": "work", "every": "2s"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    wait_done(&s, "work", 3, Duration::from_secs(10)).await;
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "a schedule of every 2 s first ran {:?} after it was made",
+        t.elapsed()
+    );
     s.signal("-TERM");
     assert!(s.wait(Duration::from_secs(30)).success());
 }

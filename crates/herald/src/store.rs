@@ -525,6 +525,14 @@ pub trait Store: Send + Sync + 'static {
     /// Loads events and their matching rules, to learn why a claim failed.
     async fn inspect(&self, ids: &[EventId]) -> StoreResult<Inspection>;
 
+    /// The store's clock: what a caller computes a time from when the store
+    /// compares that time with its own clock (a new schedule's first
+    /// occurrence), so that the caller's wall clock plays no part. The
+    /// default reads it with an [`Store::inspect`] of no events.
+    async fn clock(&self) -> StoreResult<Millis> {
+        Ok(self.inspect(&[]).await?.now)
+    }
+
     /// Ends runs. Returns, per item in order, whether the fence held (the
     /// token still matched) and the write happened.
     async fn settle(&self, batch: &[Settle]) -> StoreResult<Vec<bool>>;
