@@ -235,7 +235,7 @@ pub struct NewEvent {
 
 /// When a new event is due, as the store resolves it with its own clock
 /// when it stores the event: no process's wall clock but the store's
-/// decides an event's timing (docs/semantics.md, "Clocks").
+/// decides an event's timing (docs/semantics.md, "`delay`").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RunAt {
     /// This long after the store's now: an emit's delay
