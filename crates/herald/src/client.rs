@@ -100,7 +100,8 @@ pub struct TopicEmitted {
 /// Options of one emit.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EmitOptions {
-    /// Run no earlier than this long from now.
+    /// Run no earlier than this long from now, by the store's clock (the
+    /// store adds it to its own now when it stores the event).
     pub delay: Option<Duration>,
     /// Attempts before the event goes dead. Left out: the job's
     /// [`Job::MAX_ATTEMPTS`] on every typed path ([`Client::emit`],

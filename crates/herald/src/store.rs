@@ -486,7 +486,10 @@ pub trait Store: Send + Sync + 'static {
     /// stored row, written with the event that created it and kept after
     /// that event finished until [`Store::purge_keys`] removes it, or else a
     /// live event of the same `(tenant, handler, key)`.
-    /// `notified_at` is set to each event's `run_at`: the caller publishes next.
+    /// Each event's [`RunAt`](crate::model::RunAt) is resolved by the
+    /// store's clock, in the write that stores it: `After(d)` is the
+    /// store's now plus `d`. `notified_at` is set to each event's `run_at`:
+    /// the caller publishes next.
     async fn emit(&self, events: &[NewEvent]) -> StoreResult<Vec<Emitted>>;
 
     /// Handles up to `limit` idempotency keys stored more than `window`
