@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use herald::{CountsQuery, EventId, Millis, NewEvent, Rule, RuleKind, Store};
+use herald::{CountsQuery, EventId, Millis, NewEvent, Rule, RuleKind, RunAt, Store};
 use herald_postgres::PgStore;
 use herald_sqlite::SqliteStore;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -91,11 +91,11 @@ async fn fill(store: &dyn Store, args: &Args) {
             tenant: tenant.clone(),
             handler: handler.clone(),
             payload: "{}".into(),
-            run_at: if i % 10 < 7 {
+            run_at: RunAt::At(if i % 10 < 7 {
                 now
             } else {
                 now.plus(Duration::from_secs(3600))
-            },
+            }),
             max_attempts: 10,
             idempotency_key: None,
             topic: None,

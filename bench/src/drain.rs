@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use herald::{
     Client, Context, EmitOptions, EmitRequest, EventId, MemoryQueue, Millis, NewEvent, Rule,
-    RuleKind, Store, Worker,
+    RuleKind, RunAt, Store, Worker,
 };
 use herald_bench::cpu;
 use herald_postgres::PgStore;
@@ -262,7 +262,7 @@ async fn main() {
         // Due an hour ago: in front of every runnable event in any queue
         // ordered by run_at. Stored directly: their notifications are long
         // gone (a paused event's notification is dropped by the worker).
-        let run_at = Millis::now().minus(Duration::from_secs(3600));
+        let run_at = RunAt::At(Millis::now().minus(Duration::from_secs(3600)));
         let mut left = args.paused;
         while left > 0 {
             let n = left.min(5000);

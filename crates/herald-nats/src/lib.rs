@@ -12,9 +12,10 @@
 //!   generation is the publish time in ms and a per-process counter: a retry
 //!   of the same publish is deduplicated by the stream's duplicate window
 //!   (at least [`MIN_DUPLICATE_WINDOW`]), a real re-notify is not.
-//! - A delay is a not-before header ([`NOT_BEFORE`], unix ms): NATS 2.9 has no
-//!   scheduled publish. `receive` naks a message that is not yet due with the
-//!   time left, so the runtime only sees due messages.
+//! - A delay is a header ([`DELAY`], ms): NATS 2.9 has no scheduled publish.
+//!   `receive` naks a message's first delivery with the delay less the time
+//!   it spent in the stream, so the runtime only sees due messages, and no
+//!   publisher's clock moves the due time.
 //! - ack = confirmed (double) ack; nack = nak with delay; extend = `+WPI`;
 //!   terminate = `+TERM`.
 //! - Credentials: `user:password@` or `token@` in the URL, or a `.creds`
@@ -56,8 +57,13 @@ use herald::queue::{
 use herald::redact::redact_credentials;
 use tokio_util::sync::CancellationToken;
 
-/// The header that holds a delayed message's due time, in unix ms.
-pub const NOT_BEFORE: &str = "Herald-Not-Before";
+/// The header that holds a delayed message's delay, in ms: a duration, not
+/// a time, so that the publisher's clock plays no part. The receiver naks
+/// the first delivery for the delay less the time the message spent in the
+/// stream (from the server's publish timestamp); later deliveries are due
+/// (the store judges `run_at` by its own clock and a worker puts back an
+/// event that is not due for the time left).
+pub const DELAY: &str = "Herald-Delay";
 
 /// How long one pull request waits for a message before asking again, at
 /// most; never more than a third of `AckWait` (see [`NatsQueue::pull_wait`]).
@@ -101,6 +107,29 @@ fn backend(what: &str, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -
 
 fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64
+}
+
+/// How long to put a delivery back before it is due: on its first delivery
+/// (`first`: the delivery count and the server's publish time, unix ms), the
+/// delay of its [`DELAY`] header less the time it has spent in the stream
+/// (by this process's clock against the server's, at least zero); `None` to
+/// deliver it. A clock ahead of the server's can only shorten the wait, and
+/// a delivery that comes early costs one claim that the store answers with
+/// the time left by its own clock; a clock behind adds nothing, since the
+/// age is never counted below zero. A redelivery is always delivered: the
+/// server already held it back, for this wait or for a worker's nack.
+fn first_delivery_wait(
+    delay: Option<u64>,
+    first: Option<(i64, u64)>,
+    now: u64,
+) -> Option<Duration> {
+    let delay = delay.filter(|d| *d > 0)?;
+    let (delivered, published) = first?;
+    if delivered > 1 {
+        return None;
+    }
+    let left = delay.saturating_sub(now.saturating_sub(published));
+    (left > 0).then(|| Duration::from_millis(left))
 }
 
 impl NatsQueue {
@@ -284,10 +313,8 @@ impl NatsQueue {
         let mut h = HeaderMap::new();
         h.insert("Nats-Msg-Id", id);
         if !delay.is_zero() {
-            let due = SystemTime::now()
-                .checked_add(delay)
-                .map_or(u64::MAX, unix_ms);
-            h.insert(NOT_BEFORE, due.to_string().as_str());
+            let ms = delay.as_millis().min(u128::from(u64::MAX)) as u64;
+            h.insert(DELAY, ms.to_string().as_str());
         }
         h
     }
@@ -401,13 +428,16 @@ impl NatsQueue {
             let Some(reply) = m.reply.clone() else {
                 continue;
             };
-            let due = m
+            let delay = m
                 .headers
                 .as_ref()
-                .and_then(|h| h.get(NOT_BEFORE))
+                .and_then(|h| h.get(DELAY))
                 .and_then(|v| v.as_str().parse::<u64>().ok());
-            if let Some(due) = due.filter(|d| *d > now) {
-                let left = Duration::from_millis(due - now);
+            let first = m.info().ok().map(|i| {
+                let published = i.published.unix_timestamp_nanos() / 1_000_000;
+                (i.delivered, published.clamp(0, i128::from(u64::MAX)) as u64)
+            });
+            if let Some(left) = first_delivery_wait(delay, first, now) {
                 if let Err(e) = m.ack_with(AckKind::Nak(Some(left))).await {
                     tracing::warn!("cannot nak a message that is not due: {}", escaped(&e));
                 }

@@ -107,3 +107,38 @@ fn the_debug_form_hides_the_password() {
     assert!(shown.contains("nats://u:***@h"), "{shown}");
     assert!(!shown.contains("secret"), "{shown}");
 }
+
+#[test]
+fn a_delay_is_waited_once_from_the_servers_publish_time() {
+    let published = 1_000_000;
+    let first = Some((1, published));
+    // Pulled at once: the whole delay; after 400 ms in the stream: the rest.
+    assert_eq!(
+        first_delivery_wait(Some(3000), first, published),
+        Some(Duration::from_millis(3000))
+    );
+    assert_eq!(
+        first_delivery_wait(Some(3000), first, published + 400),
+        Some(Duration::from_millis(2600))
+    );
+    // This process's clock 5 minutes behind the server's: not longer than
+    // the delay (it used to be the publisher's clock against this one).
+    assert_eq!(
+        first_delivery_wait(Some(3000), first, published - 300_000),
+        Some(Duration::from_millis(3000))
+    );
+    // 5 minutes ahead: delivered (early; the store puts it back for the
+    // time left by its clock).
+    assert_eq!(
+        first_delivery_wait(Some(3000), first, published + 300_000),
+        None
+    );
+    // A redelivery, no delay, or no metadata: delivered.
+    assert_eq!(
+        first_delivery_wait(Some(3000), Some((2, published)), published),
+        None
+    );
+    assert_eq!(first_delivery_wait(None, first, published), None);
+    assert_eq!(first_delivery_wait(Some(0), first, published), None);
+    assert_eq!(first_delivery_wait(Some(3000), None, published), None);
+}

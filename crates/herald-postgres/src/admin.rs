@@ -1,11 +1,13 @@
 //! The operator's writes: reviving a dead event, deleting one, purging
 //! old dead and done events.
 
+use std::time::Duration;
+
 use herald::store::Scheduled;
-use herald::{EventId, EventState, Millis, StoreError};
+use herald::{EventId, EventState, StoreError};
 use uuid::Uuid;
 
-use crate::rows::{limit_i64, Ctx, DbError, DbResult};
+use crate::rows::{limit_i64, ms, Ctx, DbError, DbResult};
 use crate::PgStore;
 
 impl PgStore {
@@ -52,14 +54,14 @@ impl PgStore {
     /// ones, up to `limit` in all.
     pub(crate) async fn purge_once(
         &self,
-        dead_before: Millis,
-        done_before: Millis,
+        dead_retention: Duration,
+        done_retention: Duration,
         limit: usize,
     ) -> DbResult<u64> {
         const OP: &str = "purge";
         let dead = sqlx::query(&self.sql.purge)
             .bind(EventState::Dead.code())
-            .bind(dead_before.0)
+            .bind(ms(dead_retention))
             .bind(limit_i64(limit))
             .execute(&self.pool)
             .await
@@ -68,7 +70,7 @@ impl PgStore {
         let done = if (dead as usize) < limit {
             sqlx::query(&self.sql.purge)
                 .bind(EventState::Done.code())
-                .bind(done_before.0)
+                .bind(ms(done_retention))
                 .bind(limit_i64(limit - dead as usize))
                 .execute(&self.pool)
                 .await

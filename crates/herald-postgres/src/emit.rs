@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use herald::escape::escaped;
 use herald::store::StoreResult;
-use herald::{Emitted, EventId, Millis, NewEvent, StoreError};
+use herald::{Emitted, EventId, NewEvent, RunAt, StoreError};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::retry::rand_millis;
-use crate::rows::{limit_i64, max_attempts, Ctx, DbResult};
+use crate::rows::{limit_i64, max_attempts, ms, Ctx, DbResult};
 use crate::PgStore;
 
 /// Tries of an emit whose connection was lost, and the pause before the
@@ -44,6 +44,16 @@ fn after_retry(events: &[NewEvent], emitted: Vec<Emitted>) -> Vec<Emitted> {
             other => other,
         })
         .collect()
+}
+
+/// An event's `run_at` as the emit statement takes it: the absolute time
+/// of [`RunAt::At`], or the delay in ms of [`RunAt::After`], which the
+/// statement adds to the database's now.
+fn run_at(e: &NewEvent) -> (Option<i64>, Option<i64>) {
+    match e.run_at {
+        RunAt::At(at) => (Some(at.0), None),
+        RunAt::After(d) => (None, Some(d.as_millis().min(i64::MAX as u128) as i64)),
+    }
 }
 
 impl PgStore {
@@ -113,7 +123,7 @@ impl PgStore {
                 .bind(batch.iter().map(|e| e.tenant.as_str()).collect::<Vec<_>>())
                 .bind(batch.iter().map(|e| e.handler.as_str()).collect::<Vec<_>>())
                 .bind(batch.iter().map(|e| e.payload.as_str()).collect::<Vec<_>>())
-                .bind(batch.iter().map(|e| e.run_at.0).collect::<Vec<_>>())
+                .bind(batch.iter().map(|e| run_at(e).0).collect::<Vec<_>>())
                 .bind(
                     batch
                         .iter()
@@ -127,6 +137,7 @@ impl PgStore {
                         .collect::<Vec<_>>(),
                 )
                 .bind(batch.iter().map(|e| e.topic.as_deref()).collect::<Vec<_>>())
+                .bind(batch.iter().map(|e| run_at(e).1).collect::<Vec<_>>())
                 .fetch_all(&mut *conn)
                 .await
                 .ctx(OP)?
@@ -233,9 +244,9 @@ impl PgStore {
     }
 
     /// One try of [`herald::Store::purge_keys`].
-    pub(crate) async fn purge_keys_once(&self, before: Millis, limit: usize) -> DbResult<u64> {
+    pub(crate) async fn purge_keys_once(&self, window: Duration, limit: usize) -> DbResult<u64> {
         let gone: i64 = sqlx::query_scalar(&self.sql.purge_keys)
-            .bind(before.0)
+            .bind(ms(window))
             .bind(limit_i64(limit))
             .fetch_one(&self.pool)
             .await
@@ -307,7 +318,7 @@ mod tests {
             tenant: "t".into(),
             handler: "h".into(),
             payload: "1".into(),
-            run_at: Millis(0),
+            run_at: RunAt::NOW,
             max_attempts: 1,
             idempotency_key: key.map(str::to_string),
             topic: None,

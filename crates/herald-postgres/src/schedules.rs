@@ -218,11 +218,11 @@ impl PgStore {
         } else {
             self.emit_on(&mut tx, &f.events).await?
         };
-        if let (Some(e), Some(out)) = (f.events.last(), emitted.last()) {
+        if let (Some(at), Some(out)) = (f.last_occurrence(), emitted.last()) {
             sqlx::query(&fill(self, LAST))
                 .bind(&f.tenant)
                 .bind(&f.name)
-                .bind(e.run_at.0)
+                .bind(at.0)
                 .bind(out.id().0)
                 .execute(&mut *tx)
                 .await

@@ -22,6 +22,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0012_cold_only_when_missing.sql"),
     include_str!("../migrations/0013_idempotency_keys.sql"),
     include_str!("../migrations/0014_token_per_event.sql"),
+    include_str!("../migrations/0015_run_at_by_store_clock.sql"),
 ];
 
 /// The newest schema version this build knows.

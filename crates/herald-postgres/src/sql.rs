@@ -153,18 +153,21 @@ const RENEW: &str = "SELECT * FROM {s}.renew($1, $2, $3, $4)";
 
 /// New events, into the ring's filling leaf; conflicts (an id already
 /// stored in any leaf, or a live event with the same idempotency key)
-/// insert nothing. `notified_at` is `run_at` (the caller publishes with that
-/// delay), kept below the parked mark. Migration 5's `emit` says how an id
-/// stays unique across the leaves.
+/// insert nothing. Each event's `run_at` is `$5` (absolute, by the
+/// database's clock) or, where that is NULL, the database's now plus `$9`
+/// ms (migration 15). `notified_at` is `run_at` (the caller publishes with
+/// that delay), kept below the parked mark. Migration 5's `emit` says how
+/// an id stays unique across the leaves.
 const EMIT: &str = "SELECT * FROM {s}.emit($1::uuid[], $2::text[], $3::text[], $4::text[], \
-     $5::int8[], $6::int4[], $7::text[], $8::text[])";
+     $5::int8[], $6::int4[], $7::text[], $8::text[], $9::int8[])";
 
 /// [`EMIT`] for a batch with idempotency keys: the same insert, and in the
 /// same statement a key row for each keyed event it created, naming it
 /// (migration 13). A key that has a row already keeps it (two emits that
 /// raced past the look-up below: the first one's row stays).
 const EMIT_KEYED: &str = "WITH ins AS (SELECT * FROM {s}.emit($1::uuid[], $2::text[], \
-     $3::text[], $4::text[], $5::int8[], $6::int4[], $7::text[], $8::text[]) AS i(id)), \
+     $3::text[], $4::text[], $5::int8[], $6::int4[], $7::text[], $8::text[], \
+     $9::int8[]) AS i(id)), \
      keys AS (INSERT INTO {s}.idempotency_keys (tenant, handler, key, event_id, stored_at) \
      SELECT u.tenant, u.handler, u.key, u.id, {now} \
      FROM unnest($1::uuid[], $2::text[], $3::text[], $7::text[]) AS u(id, tenant, handler, key) \
@@ -179,8 +182,8 @@ const STORED_KEYS: &str = "SELECT u.pos, k.event_id \
      JOIN {s}.idempotency_keys AS k \
        ON k.tenant = u.tenant AND k.handler = u.handler AND k.key = u.key";
 
-/// [`herald::Store::purge_keys`]: up to `$2` keys stored before `$1`,
-/// oldest first. Whether a live event holds the key is one probe of the
+/// [`herald::Store::purge_keys`]: up to `$2` keys stored more than `$1` ms
+/// before the database's now, oldest first. Whether a live event holds the key is one probe of the
 /// live-key index. A key whose event is live, or was not yet seen gone,
 /// is kept: `stored_at` reset to now, `gone` set to whether its event is
 /// no longer live. A key already seen gone a window ago is deleted.
@@ -189,7 +192,7 @@ const PURGE_KEYS: &str = "WITH due AS (\
        SELECT k.tenant, k.handler, k.key, k.gone, EXISTS (SELECT 1 FROM {s}.events AS e \
          WHERE e.tenant = k.tenant AND e.handler = k.handler \
            AND e.idempotency_key = k.key AND e.state = 0) AS live \
-       FROM {s}.idempotency_keys AS k WHERE k.stored_at < $1 \
+       FROM {s}.idempotency_keys AS k WHERE k.stored_at < {now} - $1 \
        ORDER BY k.stored_at LIMIT $2 FOR UPDATE OF k SKIP LOCKED), \
      kept AS (UPDATE {s}.idempotency_keys AS k SET stored_at = {now}, gone = NOT due.live \
        FROM due \
@@ -268,9 +271,10 @@ const LEAD: &str = "WITH taken AS (INSERT INTO {s}.leaders AS l (role, holder, e
 const RESIGN: &str = "DELETE FROM {s}.leaders WHERE role = $1 AND holder = $2";
 
 /// Old dead or done events through `events_finished`: `$1` state, `$2`
-/// finished before, `$3` limit.
+/// the retention in ms (finished more than that before the database's
+/// now), `$3` limit.
 const PURGE: &str = "DELETE FROM {s}.events WHERE id IN (SELECT id FROM {s}.events \
-     WHERE state = $1 AND finished_at < $2 LIMIT $3)";
+     WHERE state = $1 AND finished_at < {now} - $2 LIMIT $3)";
 
 const GET: &str = "SELECT {cols} FROM {s}.events AS e WHERE e.id = $1";
 

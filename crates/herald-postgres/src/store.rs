@@ -9,7 +9,7 @@ use herald::store::{
     SubscriptionSync, SweepPage, SweepPass, KEY_PURGE_PAGE, KEY_PURGE_PAGES,
 };
 use herald::{
-    AttemptError, Emitted, Event, EventId, Leadership, Millis, NewEvent, Rule, RuleMatch, Store,
+    AttemptError, Emitted, Event, EventId, Leadership, NewEvent, Rule, RuleMatch, Store,
     Subscription,
 };
 
@@ -179,32 +179,35 @@ impl Store for PgStore {
     /// window, a page at a time, at most [`KEY_PURGE_PAGES`] pages a pass.
     async fn upkeep(&self) -> StoreResult<()> {
         retry("upkeep", || self.turn_ring()).await?;
-        let before = Millis::now().minus(self.idempotency_window());
+        let window = self.idempotency_window();
         for _ in 0..KEY_PURGE_PAGES {
-            if (self.purge_keys(before, KEY_PURGE_PAGE).await? as usize) < KEY_PURGE_PAGE {
+            if (self.purge_keys(window, KEY_PURGE_PAGE).await? as usize) < KEY_PURGE_PAGE {
                 break;
             }
         }
         Ok(())
     }
 
-    async fn purge_keys(&self, before: Millis, limit: usize) -> StoreResult<u64> {
+    async fn purge_keys(&self, window: Duration, limit: usize) -> StoreResult<u64> {
         if limit == 0 {
             return Ok(0);
         }
-        retry("purge_keys", || self.purge_keys_once(before, limit)).await
+        retry("purge_keys", || self.purge_keys_once(window, limit)).await
     }
 
     async fn purge(
         &self,
-        dead_before: Millis,
-        done_before: Millis,
+        dead_retention: Duration,
+        done_retention: Duration,
         limit: usize,
     ) -> StoreResult<u64> {
         if limit == 0 {
             return Ok(0);
         }
-        retry("purge", || self.purge_once(dead_before, done_before, limit)).await
+        retry("purge", || {
+            self.purge_once(dead_retention, done_retention, limit)
+        })
+        .await
     }
 
     async fn get(&self, id: EventId) -> StoreResult<Option<Event>> {

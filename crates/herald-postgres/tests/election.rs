@@ -135,14 +135,16 @@ impl Store for SweepSpy {
     }
     async fn purge(
         &self,
-        dead_before: Millis,
-        done_before: Millis,
+        dead_retention: Duration,
+        done_retention: Duration,
         limit: usize,
     ) -> StoreResult<u64> {
-        self.inner.purge(dead_before, done_before, limit).await
+        self.inner
+            .purge(dead_retention, done_retention, limit)
+            .await
     }
-    async fn purge_keys(&self, before: Millis, limit: usize) -> StoreResult<u64> {
-        self.inner.purge_keys(before, limit).await
+    async fn purge_keys(&self, window: Duration, limit: usize) -> StoreResult<u64> {
+        self.inner.purge_keys(window, limit).await
     }
     async fn upkeep(&self) -> StoreResult<()> {
         self.inner.upkeep().await
@@ -293,7 +295,7 @@ async fn emit_slow(store: &PgStore) -> NewEvent {
         tenant: "acme".into(),
         handler: "slow".into(),
         payload: "{}".into(),
-        run_at: Millis::now(),
+        run_at: herald::RunAt::NOW,
         max_attempts: 5,
         idempotency_key: None,
         topic: None,

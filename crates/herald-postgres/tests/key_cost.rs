@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use herald::{EventId, Millis, NewEvent, Store};
+use herald::{EventId, NewEvent, Store};
 use herald_postgres::testing::fresh_schema;
 
 const EMITS: usize = 10_000;
@@ -17,7 +17,7 @@ fn event(key: Option<String>) -> NewEvent {
         tenant: "acme".into(),
         handler: "cost".into(),
         payload: "{}".into(),
-        run_at: Millis::now(),
+        run_at: herald::RunAt::NOW,
         max_attempts: 3,
         idempotency_key: key,
         topic: None,

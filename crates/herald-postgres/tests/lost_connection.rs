@@ -35,7 +35,7 @@ fn batch(key_every: Option<usize>) -> Vec<NewEvent> {
             } else {
                 format!("{{\"n\":{i}}}")
             },
-            run_at: now,
+            run_at: herald::RunAt::At(now),
             max_attempts: 3,
             idempotency_key: key_every.filter(|k| i % k == 0).map(|_| format!("k{i}")),
             topic: None,

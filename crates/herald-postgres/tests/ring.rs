@@ -18,7 +18,7 @@ fn event(handler: &str, run_in: Duration) -> NewEvent {
         tenant: "t".into(),
         handler: handler.into(),
         payload: r#"{"n":1}"#.into(),
-        run_at: Millis(Millis::now().0 + run_in.as_millis() as i64 - 1_000),
+        run_at: herald::RunAt::At(Millis(Millis::now().0 + run_in.as_millis() as i64 - 1_000)),
         max_attempts: 3,
         idempotency_key: None,
         topic: None,

@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use herald::store::{Finish, Settle};
-use herald::{EventId, LeaseToken, Millis, NewEvent, Store};
+use herald::{EventId, LeaseToken, NewEvent, Store};
 use herald_postgres::testing::{self, TestSchema};
 use herald_postgres::{PgStore, RunCommits};
 use sqlx::postgres::PgPoolOptions;
@@ -23,7 +23,7 @@ fn event() -> NewEvent {
         tenant: "acme".into(),
         handler: "h".into(),
         payload: "{}".into(),
-        run_at: Millis::now(),
+        run_at: herald::RunAt::NOW,
         max_attempts: 3,
         idempotency_key: None,
         topic: None,

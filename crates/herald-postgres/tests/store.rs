@@ -64,7 +64,7 @@ fn new_event(tenant: &str, handler: &str) -> NewEvent {
         tenant: tenant.into(),
         handler: handler.into(),
         payload: r#"{"n":1}"#.into(),
-        run_at: Millis::now(),
+        run_at: herald::RunAt::NOW,
         max_attempts: 3,
         idempotency_key: None,
         topic: None,
@@ -379,6 +379,70 @@ async fn the_schema_name_is_quoted_not_interpolated() {
 }
 
 // ---------------------------------------------------------------- emit
+
+/// An emit's delay counts from the database's clock, in the statement
+/// that stores the event, not from the emitting process's. Inside a
+/// transaction `now()` is the transaction's start, so a transaction that
+/// waits 1.5 s before its emit is a database clock 1.5 s behind the
+/// process: `run_at` must be that `now()` plus the delay, exactly, and the
+/// ring leaf follows from it (due within 10 s: the filling leaf; later:
+/// the cold one). `notified_at` is `run_at`.
+#[tokio::test]
+async fn a_delay_counts_from_the_database_clock_of_the_emit() {
+    let f = fixture!();
+    let soon = NewEvent {
+        run_at: herald::RunAt::After(Duration::from_secs(5)),
+        ..new_event("t", "h")
+    };
+    let later = NewEvent {
+        run_at: herald::RunAt::After(Duration::from_secs(60)),
+        ..new_event("t", "h")
+    };
+    let exact = NewEvent {
+        run_at: herald::RunAt::At(Millis(1_000)),
+        ..new_event("t", "h")
+    };
+    let mut tx = f.store.pool().begin().await.unwrap();
+    let db_now: i64 = sqlx::query_scalar("SELECT floor(date_part('epoch', now()) * 1000)::bigint")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let events = [soon.clone(), later.clone(), exact.clone()];
+    let out = f.store.emit_in(&mut tx, &events).await.unwrap();
+    assert_eq!(out.len(), 3);
+    tx.commit().await.unwrap();
+    let filling: i16 = sqlx::query_scalar(&format!(
+        "SELECT leaf FROM {} WHERE phase = 'filling'",
+        f.table("ring")
+    ))
+    .fetch_one(f.store.pool())
+    .await
+    .unwrap();
+    for (e, want, leaf) in [
+        (&soon, db_now + 5_000, filling),
+        (&later, db_now + 60_000, 0),
+        (&exact, 1_000, filling),
+    ] {
+        let (run_at, notified_at, got_leaf): (i64, i64, i16) = sqlx::query_as(&format!(
+            "SELECT run_at, notified_at, leaf FROM {} WHERE id = $1",
+            f.table("events")
+        ))
+        .bind(e.id.0)
+        .fetch_one(f.store.pool())
+        .await
+        .unwrap();
+        assert_eq!(
+            run_at,
+            want,
+            "{:?}: the database's now ({db_now}) plus the delay, not the process's clock ({})",
+            e.run_at,
+            Millis::now().0
+        );
+        assert_eq!(notified_at, run_at);
+        assert_eq!(got_leaf, leaf, "{:?}", e.run_at);
+    }
+}
 
 #[tokio::test]
 async fn emit_of_many_is_one_batch_and_names_survive_exactly() {
@@ -730,7 +794,7 @@ async fn a_dead_workers_event_notified_long_ago_is_swept_too() {
     let f = fixture!();
     let quiet = Duration::from_secs(10);
     let e = NewEvent {
-        run_at: Millis(Millis::now().0 - 60_000),
+        run_at: herald::RunAt::At(Millis(Millis::now().0 - 60_000)),
         ..new_event("t", "h")
     };
     let id = emit_one(&f.store, e).await;
@@ -754,7 +818,7 @@ async fn a_sweep_pass_with_no_quiet_returns_each_due_event_once_and_ends() {
     for _ in 0..5 {
         let batch: Vec<NewEvent> = (0..500)
             .map(|_| NewEvent {
-                run_at: Millis(Millis::now().0 - 1_000),
+                run_at: herald::RunAt::At(Millis(Millis::now().0 - 1_000)),
                 ..new_event("t", "h")
             })
             .collect();
@@ -790,7 +854,7 @@ async fn a_sweep_pass_with_no_quiet_returns_each_due_event_once_and_ends() {
 async fn sweep_limits_parking_per_call_and_goes_on() {
     let f = fixture!();
     let old = |tenant: &str| NewEvent {
-        run_at: Millis(Millis::now().0 - 60_000),
+        run_at: herald::RunAt::At(Millis(Millis::now().0 - 60_000)),
         ..new_event(tenant, "h")
     };
     f.store.add_rule(&pause("p", "h")).await.unwrap();

@@ -21,10 +21,11 @@
 //! - ack = Acknowledge; nack with a delay = ModifyAckDeadline(the delay,
 //!   rounded up to seconds, at most 600 s; a longer delay bounces until
 //!   due); extend = ModifyAckDeadline(the ack deadline); terminate = ack.
-//! - A publish with a delay carries the [`NOT_BEFORE`] attribute (unix ms):
-//!   Pub/Sub has no scheduled delivery. A message received before it is
-//!   due is held back with ModifyAckDeadline for the time left, so the
-//!   runtime only sees due messages.
+//! - A publish with a delay carries the [`DELAY`] attribute (ms): Pub/Sub
+//!   has no scheduled delivery. A message received before it is due (its
+//!   delay less its age since the service's publish time) is held back with
+//!   ModifyAckDeadline for the time left, so the runtime only sees due
+//!   messages.
 //!
 //! # The deadline and the lease are separate
 //!
@@ -76,7 +77,7 @@ use tokio_util::sync::CancellationToken;
 use receive::expiry_loop;
 use settings::{hold_back_seconds, ACK_BATCH, PUBLISH_BATCH};
 pub use settings::{
-    PubsubConfig, PullMode, DEFAULT_MAX_OUTSTANDING, MAX_ACK_DEADLINE, MIN_ACK_DEADLINE, NOT_BEFORE,
+    PubsubConfig, PullMode, DEFAULT_MAX_OUTSTANDING, DELAY, MAX_ACK_DEADLINE, MIN_ACK_DEADLINE,
 };
 use setup::client;
 
@@ -275,14 +276,13 @@ impl Inner {
 #[async_trait]
 impl Queue for PubsubQueue {
     async fn publish(&self, batch: &[Publish]) -> QueueResult<()> {
-        let now = SystemTime::now();
         let messages = batch
             .iter()
             .map(|p| {
                 let mut attributes = HashMap::new();
                 if !p.delay.is_zero() {
-                    let due = now.checked_add(p.delay).map_or(u64::MAX, unix_ms);
-                    attributes.insert(NOT_BEFORE.to_string(), due.to_string());
+                    let ms = p.delay.as_millis().min(u128::from(u64::MAX)) as u64;
+                    attributes.insert(DELAY.to_string(), ms.to_string());
                 }
                 PubsubMessage {
                     data: p.notification.encode(),

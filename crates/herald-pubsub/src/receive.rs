@@ -12,7 +12,7 @@ use herald::escape::escaped;
 use herald::queue::{Delivery, DeliveryTag};
 
 use crate::settings::{hold_back_seconds, time_left};
-use crate::{unix_ms, Inner, PullMode, NOT_BEFORE, REOPEN_PAUSE};
+use crate::{unix_ms, Inner, PullMode, DELAY, REOPEN_PAUSE};
 
 impl Inner {
     /// Forgets these deliveries: they are answered.
@@ -56,8 +56,12 @@ impl Inner {
         {
             let mut held = self.held.lock().expect("held lock");
             for m in messages {
-                let not_before = m.message.attributes.get(NOT_BEFORE).map(String::as_str);
-                if let Some(left) = time_left(not_before, now) {
+                let delay = m.message.attributes.get(DELAY).map(String::as_str);
+                let published = m.message.publish_time.as_ref().map(|t| {
+                    let ms = i128::from(t.seconds) * 1000 + i128::from(t.nanos / 1_000_000);
+                    ms.clamp(0, i128::from(u64::MAX)) as u64
+                });
+                if let Some(left) = time_left(delay, published, now) {
                     later
                         .entry(hold_back_seconds(left))
                         .or_default()

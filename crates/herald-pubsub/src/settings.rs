@@ -18,8 +18,10 @@ pub const MAX_ACK_DEADLINE: Duration = Duration::from_secs(600);
 /// Outstanding messages per worker by default: see [`PubsubConfig::max_outstanding`].
 pub const DEFAULT_MAX_OUTSTANDING: usize = 1_000;
 
-/// The attribute that holds a delayed message's due time, in unix ms.
-pub const NOT_BEFORE: &str = "herald-not-before";
+/// The attribute that holds a delayed message's delay, in ms: a duration,
+/// counted from the service's publish time, so that the publisher's clock
+/// plays no part.
+pub const DELAY: &str = "herald-delay";
 
 /// The most messages in one Publish request (the service's limit).
 pub const PUBLISH_BATCH: usize = 1_000;
@@ -242,12 +244,19 @@ pub fn hold_back_seconds(delay: Duration) -> i32 {
     whole_seconds(delay).min(MAX_ACK_DEADLINE).as_secs() as i32
 }
 
-/// The time left before a message with the `herald-not-before` attribute
-/// `not_before` (unix ms) is due at `now_ms`; `None` when due (or when the
-/// attribute is not a number: deliver it, the worker decides).
-pub fn time_left(not_before: Option<&str>, now_ms: u64) -> Option<Duration> {
-    let due: u64 = not_before?.parse().ok()?;
-    (due > now_ms).then(|| Duration::from_millis(due - now_ms))
+/// The time left before a message with the `herald-delay` attribute
+/// `delay` (ms), published at `published_ms` by the service's clock, is
+/// due at `now_ms` by this process's: the delay less the message's age,
+/// never counted below zero. `None` when due (or when the attribute is not
+/// a number, or the publish time is missing: deliver it, the worker
+/// decides). A clock ahead of the service's can only deliver early, and
+/// the store puts an event that is not due back for the time left by its
+/// own clock.
+pub fn time_left(delay: Option<&str>, published_ms: Option<u64>, now_ms: u64) -> Option<Duration> {
+    let delay: u64 = delay?.parse().ok()?;
+    let age = now_ms.saturating_sub(published_ms?);
+    let left = delay.saturating_sub(age);
+    (left > 0).then(|| Duration::from_millis(left))
 }
 
 /// What herald sets on a subscription it creates, and needs on one it finds.
@@ -440,10 +449,27 @@ mod tests {
         assert_eq!(hold_back_seconds(Duration::from_millis(1500)), 2);
         assert_eq!(hold_back_seconds(Duration::from_secs(60)), 60);
         assert_eq!(hold_back_seconds(Duration::from_secs(3600)), 600);
-        assert_eq!(time_left(None, 5), None);
-        assert_eq!(time_left(Some("x"), 5), None);
-        assert_eq!(time_left(Some("5"), 5), None);
-        assert_eq!(time_left(Some("1005"), 5), Some(Duration::from_secs(1)));
+        let at = Some(1_000_000);
+        assert_eq!(time_left(None, at, 1_000_000), None);
+        assert_eq!(time_left(Some("x"), at, 1_000_000), None);
+        assert_eq!(time_left(Some("1000"), None, 1_000_000), None);
+        assert_eq!(time_left(Some("1000"), at, 1_001_000), None);
+        assert_eq!(
+            time_left(Some("1000"), at, 1_000_000),
+            Some(Duration::from_secs(1))
+        );
+        assert_eq!(
+            time_left(Some("3000"), at, 1_001_000),
+            Some(Duration::from_secs(2))
+        );
+        // This process's clock 5 minutes behind the service's: not held
+        // longer than the delay; ahead: delivered (early, and put back by
+        // the store for the time left by its clock).
+        assert_eq!(
+            time_left(Some("3000"), at, 1_000_000 - 300_000),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(time_left(Some("3000"), at, 1_000_000 + 300_000), None);
     }
 
     #[test]

@@ -653,11 +653,12 @@ fn libfaketime() -> Result<&'static str, String> {
 }
 
 /// `herald serve` under a clock `offset` off, on PostgreSQL and a private
-/// NATS: leases are judged by the database's clock and the worker's
-/// monotonic one, so a run longer than half its lease is not rescued early
-/// (each event runs once). An emit's `run_at` is still the process's clock
-/// plus the delay (docs/serve.md, "Hostile environment"), so only a clock
-/// behind is tried here: its immediate events are due at once.
+/// NATS: an emit's delay counts from the database's clock and travels on
+/// NATS as a duration, so an immediate event runs at once and a delayed
+/// one neither early nor late; leases are judged by the database's clock
+/// and the worker's monotonic one, so a run longer than half its lease is
+/// not rescued early (each event runs once). docs/serve.md, "Hostile
+/// environment".
 async fn skewed(offset: &str) {
     let test = format!("a_clock_{offset}_off");
     let url = database_url();
@@ -713,7 +714,31 @@ args = ["-c", "echo run >> {}; sleep 3"]
     let t = Instant::now();
     assert_eq!(emit(&s, "work", None).await.0, 201);
     wait_done(&s, "work", 1, Duration::from_secs(10)).await;
-    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "an immediate event ran {:?} after its emit",
+        t.elapsed()
+    );
+
+    // Delayed by 3 s: not run before (a clock behind used to run it at
+    // once), and not minutes late (a clock ahead used to add its offset).
+    let t = Instant::now();
+    assert_eq!(emit(&s, "work", Some("3s")).await.0, 201);
+    while t.elapsed() < Duration::from_millis(2800) {
+        assert_eq!(
+            done(&s, "work").await,
+            1,
+            "the delayed event ran {:?} after its emit",
+            t.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    wait_done(&s, "work", 2, Duration::from_secs(10)).await;
+    assert!(
+        t.elapsed() < Duration::from_secs(6),
+        "an event delayed by 3 s ran {:?} after its emit",
+        t.elapsed()
+    );
 
     for _ in 0..3 {
         assert_eq!(emit(&s, "slow", None).await.0, 201);
@@ -723,6 +748,23 @@ args = ["-c", "echo run >> {}; sleep 3"]
     tokio::time::sleep(Duration::from_secs(3)).await;
     let ran = std::fs::read_to_string(&runs).unwrap();
     assert_eq!(ran.lines().count(), 3, "runs: {ran}");
+
+    // A schedule made under the skewed clock: its first occurrence is the
+    // first after the database's now, not one the offset away.
+    let t = Instant::now();
+    let r = reqwest::Client::new()
+        .put(s.url("/v1/tenants/acme/schedules/tick"))
+        .json(&json!({"handler": "work", "every": "2s"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    wait_done(&s, "work", 3, Duration::from_secs(10)).await;
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "a schedule of every 2 s first ran {:?} after it was made",
+        t.elapsed()
+    );
     s.signal("-TERM");
     assert!(s.wait(Duration::from_secs(30)).success());
 }
@@ -730,4 +772,9 @@ args = ["-c", "echo run >> {}; sleep 3"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clock_minutes_behind_rescues_no_lease_early() {
     skewed("-5m").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_minutes_ahead_runs_immediate_events_at_once_and_delayed_ones_on_time() {
+    skewed("+5m").await;
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use herald::store::{Finish, Settle};
-use herald::{EventId, LeaseToken, Millis, NewEvent, Store};
+use herald::{EventId, LeaseToken, NewEvent, Store};
 use herald_sqlite::SqliteStore;
 
 const EVENTS: usize = 200_000;
@@ -39,7 +39,7 @@ async fn main() {
                 tenant: format!("tenant-{}", i % 10),
                 handler: "bench".into(),
                 payload: r#"{"user":12345,"action":"send","n":1}"#.into(),
-                run_at: Millis::now(),
+                run_at: herald::RunAt::NOW,
                 max_attempts: 25,
                 idempotency_key: None,
                 topic: None,

@@ -26,7 +26,8 @@ pub(crate) const STORE_KEY_SQL: &str = "INSERT INTO idempotency_keys \
 
 /// [`herald::Store::emit`]: each event created, or the one that already
 /// holds its id or its idempotency key (a stored key, or a live event that
-/// has none: emitted before keys were stored, or revived).
+/// has none: emitted before keys were stored, or revived). A delay is
+/// counted from `now`, the store's clock.
 pub(crate) fn emit(
     conn: &Connection,
     now: Millis,
@@ -73,7 +74,7 @@ pub(crate) fn emit(
                 e.tenant,
                 e.handler,
                 e.payload,
-                e.run_at.0,
+                e.run_at.resolve(now).0,
                 i64::from(e.max_attempts),
                 e.idempotency_key,
                 now.0,

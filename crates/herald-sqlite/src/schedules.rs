@@ -192,12 +192,12 @@ pub(crate) fn fire(
         return Ok(None);
     }
     let emitted = emit::emit(conn, now, &f.events)?;
-    if let (Some(e), Some(out)) = (f.events.last(), emitted.last()) {
+    if let (Some(at), Some(out)) = (f.last_occurrence(), emitted.last()) {
         conn.prepare_cached(
             "UPDATE schedules SET last_occurrence = ?3, last_event_id = ?4 \
              WHERE tenant = ?1 AND name = ?2",
         )
-        .and_then(|mut st| st.execute(params![f.tenant, f.name, e.run_at.0, blob(out.id())]))
+        .and_then(|mut st| st.execute(params![f.tenant, f.name, at.0, blob(out.id())]))
         .ctx(OP)?;
     }
     Ok(Some(emitted))

@@ -11,7 +11,7 @@ use herald::store::{
     SubscriptionSync, SweepPage, SweepPass, KEY_PURGE_PAGE, KEY_PURGE_PAGES,
 };
 use herald::{
-    AttemptError, Emitted, Event, EventId, Leadership, Millis, NewEvent, Rule, RuleMatch, Store,
+    AttemptError, Emitted, Event, EventId, Leadership, NewEvent, Rule, RuleMatch, Store,
     Subscription,
 };
 use rusqlite::types::Value;
@@ -184,12 +184,12 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn purge_keys(&self, before: Millis, limit: usize) -> StoreResult<u64> {
+    async fn purge_keys(&self, window: Duration, limit: usize) -> StoreResult<u64> {
         if limit == 0 {
             return Ok(0);
         }
         self.call("purge_keys", move |conn, now| {
-            emit::purge_keys(conn, now, before, limit)
+            emit::purge_keys(conn, now, now.minus(window), limit)
         })
         .await
     }
@@ -197,9 +197,9 @@ impl Store for SqliteStore {
     /// Purges the idempotency keys older than the window, a page at a
     /// time, at most [`KEY_PURGE_PAGES`] pages a pass.
     async fn upkeep(&self) -> StoreResult<()> {
-        let before = Millis::now().minus(self.idempotency_window());
+        let window = self.idempotency_window();
         for _ in 0..KEY_PURGE_PAGES {
-            if (self.purge_keys(before, KEY_PURGE_PAGE).await? as usize) < KEY_PURGE_PAGE {
+            if (self.purge_keys(window, KEY_PURGE_PAGE).await? as usize) < KEY_PURGE_PAGE {
                 break;
             }
         }
@@ -208,14 +208,15 @@ impl Store for SqliteStore {
 
     async fn purge(
         &self,
-        dead_before: Millis,
-        done_before: Millis,
+        dead_retention: Duration,
+        done_retention: Duration,
         limit: usize,
     ) -> StoreResult<u64> {
         if limit == 0 {
             return Ok(0);
         }
-        self.call("purge", move |conn, _| {
+        self.call("purge", move |conn, now| {
+            let (dead_before, done_before) = (now.minus(dead_retention), now.minus(done_retention));
             admin::purge(conn, dead_before, done_before, limit)
         })
         .await

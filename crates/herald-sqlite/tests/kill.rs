@@ -9,9 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use herald::{
-    Context, EventId, EventState, MemoryQueue, Millis, NewEvent, Store, Worker, WorkerConfig,
-};
+use herald::{Context, EventId, EventState, MemoryQueue, NewEvent, Store, Worker, WorkerConfig};
 use herald_sqlite::SqliteStore;
 
 const CHILD_ENV: &str = "HERALD_TEST_CHILD_DB";
@@ -94,7 +92,7 @@ async fn emit(store: &SqliteStore, max_attempts: u32) -> EventId {
         tenant: "acme".into(),
         handler: "slow".into(),
         payload: "{}".into(),
-        run_at: Millis::now(),
+        run_at: herald::RunAt::NOW,
         max_attempts,
         idempotency_key: None,
         topic: None,

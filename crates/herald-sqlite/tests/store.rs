@@ -50,7 +50,7 @@ fn new_event(tenant: &str, handler: &str) -> NewEvent {
         tenant: tenant.into(),
         handler: handler.into(),
         payload: r#"{"n":1}"#.into(),
-        run_at: Millis::now(),
+        run_at: herald::RunAt::NOW,
         max_attempts: 3,
         idempotency_key: None,
         topic: None,
@@ -60,7 +60,7 @@ fn new_event(tenant: &str, handler: &str) -> NewEvent {
 /// An event due, and last notified, a minute ago.
 fn old(tenant: &str) -> NewEvent {
     NewEvent {
-        run_at: Millis(Millis::now().0 - 60_000),
+        run_at: herald::RunAt::At(Millis(Millis::now().0 - 60_000)),
         ..new_event(tenant, "h")
     }
 }
@@ -427,9 +427,10 @@ async fn concurrent_claims_from_two_connections_have_one_winner() {
 async fn emit_sets_notified_at_to_run_at() {
     let f = fixture();
     let mut e = new_event("acme", "send_email");
-    e.run_at = Millis(Millis::now().0 + 5_000);
+    e.run_at = herald::RunAt::After(Duration::from_secs(5));
     let id = emit_one(&f.store, e.clone()).await;
-    assert_eq!(notified_at(&f.path, id), e.run_at.0);
+    let run_at = f.store.get(id).await.unwrap().unwrap().run_at;
+    assert_eq!(notified_at(&f.path, id), run_at.0);
     assert_eq!(finished_at(&f.path, id), None);
 }
 
@@ -493,7 +494,7 @@ async fn renotify_stamps_notified_at_as_the_later_of_run_at_and_now() {
             .map(|i| {
                 let mut e = old("t");
                 if chunk == 4 && i == 499 {
-                    e.run_at = Millis(Millis::now().0 + 120_000);
+                    e.run_at = herald::RunAt::After(Duration::from_secs(120));
                 }
                 e
             })
@@ -613,7 +614,7 @@ async fn events_parked_under_a_rule_that_is_gone_are_unparked_by_the_sweep() {
 async fn sweep_limits_parking_per_call_and_goes_on() {
     let f = fixture();
     let old = |tenant: &str| NewEvent {
-        run_at: Millis(Millis::now().0 - 60_000),
+        run_at: herald::RunAt::At(Millis(Millis::now().0 - 60_000)),
         ..new_event(tenant, "h")
     };
     f.store.add_rule(&pause("p", "h")).await.unwrap();

@@ -13,7 +13,7 @@ pub use crate::group_commit::{
 };
 use crate::handler::Job;
 use crate::model::{
-    Emitted, Event, EventId, EventState, Millis, NewEvent, Rule, RuleKind, RuleMatch, Subscription,
+    Emitted, Event, EventId, EventState, NewEvent, Rule, RuleKind, RuleMatch, RunAt, Subscription,
 };
 use crate::publisher::{created, Publisher};
 pub use crate::publisher::{DEFAULT_NOTIFY_LINGER, DEFAULT_NOTIFY_PUBLISHES, DEFAULT_NOTIFY_WAIT};
@@ -100,7 +100,8 @@ pub struct TopicEmitted {
 /// Options of one emit.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EmitOptions {
-    /// Run no earlier than this long from now.
+    /// Run no earlier than this long from now, by the store's clock (the
+    /// store adds it to its own now when it stores the event).
     pub delay: Option<Duration>,
     /// Attempts before the event goes dead. Left out: the job's
     /// [`Job::MAX_ATTEMPTS`] on every typed path ([`Client::emit`],
@@ -420,11 +421,10 @@ impl Client {
     /// them there, commit, then call [`Client::notify_emitted`]. One bad
     /// request refuses the whole batch, naming its index.
     pub fn prepare(&self, batch: Vec<EmitRequest>) -> Result<Vec<NewEvent>, ClientError> {
-        let now = Millis::now();
         let single = batch.len() == 1;
         let mut events = Vec::with_capacity(batch.len());
         for (index, r) in batch.into_iter().enumerate() {
-            match self.validate(r, now) {
+            match self.validate(r) {
                 Ok(e) => events.push(e),
                 Err(e) if single => return Err(e),
                 Err(e) => {
@@ -582,7 +582,7 @@ impl Client {
         self.notify_emitted(&stored.events, &stored.emitted).await;
     }
 
-    fn validate(&self, r: EmitRequest, now: Millis) -> Result<NewEvent, ClientError> {
+    fn validate(&self, r: EmitRequest) -> Result<NewEvent, ClientError> {
         check_name("tenant", &r.tenant)?;
         check_name("handler", &r.handler)?;
         if let Some(key) = &r.options.idempotency_key {
@@ -598,7 +598,7 @@ impl Client {
             tenant: r.tenant,
             handler: r.handler,
             payload: r.payload,
-            run_at: now.plus(r.options.delay.unwrap_or_default()),
+            run_at: RunAt::After(r.options.delay.unwrap_or_default()),
             max_attempts,
             idempotency_key: r.options.idempotency_key,
             topic: None,
@@ -840,7 +840,7 @@ fn topic_copies(
             topic: topic.to_string(),
         });
     }
-    let run_at = Millis::now().plus(options.delay.unwrap_or_default());
+    let run_at = RunAt::After(options.delay.unwrap_or_default());
     let max_attempts = options.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS);
     Ok(subscribers
         .iter()

@@ -28,7 +28,7 @@ pub use handler::{Context, Handler, HandlerError, IntoOutcome, Job, Outcome};
 pub use memory_queue::MemoryQueue;
 pub use model::{
     AttemptError, Emitted, Event, EventId, EventState, Lease, LeaseToken, Millis, NewEvent,
-    Notification, Rule, RuleKind, RuleMatch, Subscription,
+    Notification, Rule, RuleKind, RuleMatch, RunAt, Subscription,
 };
 pub use queue::{Delivery, DeliveryTag, MessageLimits, Publish, Queue, QueueError, Retention};
 pub use retry::{RetryPolicy, DEFAULT_MAX_ATTEMPTS};

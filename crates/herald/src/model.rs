@@ -222,8 +222,8 @@ pub struct NewEvent {
     pub handler: String,
     /// Validated JSON text.
     pub payload: String,
-    /// Earliest run time.
-    pub run_at: Millis,
+    /// Earliest run time, resolved by the store's clock.
+    pub run_at: RunAt,
     /// Attempts before it goes dead.
     pub max_attempts: u32,
     /// One live event per `(tenant, handler, key)`.
@@ -231,6 +231,43 @@ pub struct NewEvent {
     /// The topic it is emitted to (one subscriber's copy), or `None` for a
     /// direct emit.
     pub topic: Option<String>,
+}
+
+/// When a new event is due, as the store resolves it with its own clock
+/// when it stores the event: no process's wall clock but the store's
+/// decides an event's timing (docs/semantics.md, "`delay`").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RunAt {
+    /// This long after the store's now: an emit's delay
+    /// ([`Duration::ZERO`] for an immediate event).
+    After(Duration),
+    /// At this time by the store's clock: a schedule's occurrence, or an
+    /// exact time a caller computed from the store's clock.
+    At(Millis),
+}
+
+impl RunAt {
+    /// Due as soon as it is stored.
+    pub const NOW: RunAt = RunAt::After(Duration::ZERO);
+
+    /// The time it names, resolved against the store's `now`.
+    pub fn resolve(self, now: Millis) -> Millis {
+        match self {
+            RunAt::After(d) => now.plus(d),
+            RunAt::At(at) => at,
+        }
+    }
+
+    /// The delay to publish its notification with, read from no clock: the
+    /// delay of [`RunAt::After`], and zero for [`RunAt::At`] (the worker
+    /// that receives it early puts it back for the time left by the store's
+    /// clock).
+    pub fn publish_delay(self) -> Duration {
+        match self {
+            RunAt::After(d) => d,
+            RunAt::At(_) => Duration::ZERO,
+        }
+    }
 }
 
 /// A handler's subscription to a topic: an emit to `topic` for a tenant

@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
 
 use crate::escape::escaped;
-use crate::model::{Emitted, Millis, NewEvent};
+use crate::model::{Emitted, NewEvent};
 use crate::queue::{Publish, Queue};
 use crate::store::Scheduled;
 
@@ -200,10 +200,12 @@ async fn group(
 }
 
 /// The notifications owed for `events` as the store answered them: one for
-/// each event it created, due at its `run_at` (an idempotent hit was
-/// notified when it was created).
+/// each event it created, delayed by its [`RunAt::publish_delay`] (an
+/// idempotent hit was notified when it was created). No local clock is
+/// read: the store resolved the due time with its own.
+///
+/// [`RunAt::publish_delay`]: crate::model::RunAt::publish_delay
 pub(crate) fn created(events: &[NewEvent], emitted: &[Emitted]) -> Vec<Scheduled> {
-    let now = Millis::now();
     events
         .iter()
         .zip(emitted)
@@ -211,7 +213,7 @@ pub(crate) fn created(events: &[NewEvent], emitted: &[Emitted]) -> Vec<Scheduled
         .map(|(ev, _)| Scheduled {
             tenant: ev.tenant.clone(),
             event_id: ev.id,
-            delay: now.until(ev.run_at),
+            delay: ev.run_at.publish_delay(),
         })
         .collect()
 }

@@ -18,7 +18,7 @@ pub use chrono_tz::Tz;
 use serde_json::value::RawValue;
 
 use crate::client::{check_name, DEFAULT_MAX_PAYLOAD};
-use crate::model::{EventId, Millis, NewEvent};
+use crate::model::{EventId, Millis, NewEvent, RunAt};
 use crate::retry::DEFAULT_MAX_ATTEMPTS;
 
 /// The longest schedule name, in bytes: its events' idempotency key
@@ -345,7 +345,7 @@ impl Schedule {
             tenant: self.tenant.clone(),
             handler: self.handler.clone(),
             payload: self.payload.clone(),
-            run_at: at,
+            run_at: RunAt::At(at),
             max_attempts: self.max_attempts,
             idempotency_key: Some(occurrence_key(&self.name, at)),
             topic: None,
@@ -708,6 +708,17 @@ pub struct ScheduleFiring {
     pub next_at: Millis,
     /// The occurrences' events, oldest first ([`Schedule::occurrence_event`]).
     pub events: Vec<NewEvent>,
+}
+
+impl ScheduleFiring {
+    /// The time of the last occurrence: its event's [`RunAt::At`], which
+    /// the store records as the schedule's last.
+    pub fn last_occurrence(&self) -> Option<Millis> {
+        match self.events.last()?.run_at {
+            RunAt::At(at) => Some(at),
+            RunAt::After(_) => None,
+        }
+    }
 }
 
 #[cfg(test)]

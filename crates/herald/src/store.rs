@@ -486,11 +486,15 @@ pub trait Store: Send + Sync + 'static {
     /// stored row, written with the event that created it and kept after
     /// that event finished until [`Store::purge_keys`] removes it, or else a
     /// live event of the same `(tenant, handler, key)`.
-    /// `notified_at` is set to each event's `run_at`: the caller publishes next.
+    /// Each event's [`RunAt`](crate::model::RunAt) is resolved by the
+    /// store's clock, in the write that stores it: `After(d)` is the
+    /// store's now plus `d`. `notified_at` is set to each event's `run_at`:
+    /// the caller publishes next.
     async fn emit(&self, events: &[NewEvent]) -> StoreResult<Vec<Emitted>>;
 
-    /// Handles up to `limit` idempotency keys stored (by the store's clock)
-    /// before `before`, oldest first. A key whose event is still live is
+    /// Handles up to `limit` idempotency keys stored more than `window`
+    /// ago, by the store's clock (the cut-off is the store's now minus
+    /// `window`, so no caller's clock moves it), oldest first. A key whose event is still live is
     /// kept, its time reset to now, so that it names its event while it is
     /// live and is looked at again only after another window. A key whose
     /// event is no longer live (finished, dead or deleted) is marked gone,
@@ -499,7 +503,7 @@ pub trait Store: Send + Sync + 'static {
     /// names its event for at least the window after the emit and after the
     /// event finished. Returns how many keys were deleted. A store's [`Store::upkeep`] calls it with its
     /// configured window ([`DEFAULT_IDEMPOTENCY_WINDOW`] by default).
-    async fn purge_keys(&self, before: Millis, limit: usize) -> StoreResult<u64>;
+    async fn purge_keys(&self, window: Duration, limit: usize) -> StoreResult<u64>;
 
     /// The happy path in one statement: for each of `leases`, take the
     /// lease of its event with its token for `lease` if the event is
@@ -523,6 +527,14 @@ pub trait Store: Send + Sync + 'static {
 
     /// Loads events and their matching rules, to learn why a claim failed.
     async fn inspect(&self, ids: &[EventId]) -> StoreResult<Inspection>;
+
+    /// The store's clock: what a caller computes a time from when the store
+    /// compares that time with its own clock (a new schedule's first
+    /// occurrence), so that the caller's wall clock plays no part. The
+    /// default reads it with an [`Store::inspect`] of no events.
+    async fn clock(&self) -> StoreResult<Millis> {
+        Ok(self.inspect(&[]).await?.now)
+    }
 
     /// Ends runs. Returns, per item in order, whether the fence held (the
     /// token still matched) and the write happened.
@@ -608,12 +620,15 @@ pub trait Store: Send + Sync + 'static {
     /// Gives the leader lease up, if `holder` has it.
     async fn resign(&self, role: &str, holder: &str) -> StoreResult<()>;
 
-    /// Deletes up to `limit` dead events that died before `dead_before` and
-    /// done events finished before `done_before`. Returns how many went.
+    /// Deletes up to `limit` dead events that died more than
+    /// `dead_retention` ago and done events finished more than
+    /// `done_retention` ago, both by the store's clock (the cut-offs are the
+    /// store's now minus each, so no caller's clock moves them). Returns
+    /// how many went.
     async fn purge(
         &self,
-        dead_before: Millis,
-        done_before: Millis,
+        dead_retention: Duration,
+        done_retention: Duration,
         limit: usize,
     ) -> StoreResult<u64>;
 

@@ -273,7 +273,7 @@ async fn emit(store: &dyn Store, max_attempts: u32) -> EventId {
             tenant: "acme".into(),
             handler: "h".into(),
             payload: "{}".into(),
-            run_at: Millis(0),
+            run_at: herald::RunAt::NOW,
             max_attempts,
             idempotency_key: None,
             topic: None,

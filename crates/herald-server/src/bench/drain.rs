@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use herald::{EmitOptions, EmitRequest, EventId, Millis, NewEvent, Rule, RuleKind};
+use herald::{EmitOptions, EmitRequest, EventId, Millis, NewEvent, Rule, RuleKind, RunAt};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
@@ -168,9 +168,9 @@ async fn store_backlog(bench: &Bench, args: &DrainArgs) -> Result<(), BenchError
         }
     }
     let run_at = if paused {
-        Millis::now().minus(Duration::from_secs(3600))
+        RunAt::At(Millis::now().minus(Duration::from_secs(3600)))
     } else {
-        Millis::now().plus(Duration::from_secs(86_400))
+        RunAt::After(Duration::from_secs(86_400))
     };
     let bar = progress(args.backlog, "storing the backlog");
     for start in (0..args.backlog).step_by(CHUNK as usize) {

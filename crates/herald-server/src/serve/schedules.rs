@@ -8,7 +8,7 @@
 use std::collections::HashSet;
 
 use herald::schedule::{ScheduleDef, ScheduleError, ScheduleSource};
-use herald::{Millis, Store, StoreError};
+use herald::{Store, StoreError};
 
 /// What applying the file's schedules did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -48,7 +48,9 @@ pub async fn apply(
     defs: &[ScheduleDef],
     max_payload: usize,
 ) -> Result<Applied, ApplyError> {
-    let now = Millis::now();
+    // The store's clock judges the occurrences: a new schedule's first is
+    // the first after the store's now, however this process's clock is off.
+    let now = store.clock().await?;
     let mut built = Vec::with_capacity(defs.len());
     for d in defs {
         let s = d

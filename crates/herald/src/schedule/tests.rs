@@ -368,7 +368,7 @@ fn the_columns_round_trip() {
     let s = every(10, Millis(0), Missed::Once);
     let e = s.occurrence_event(Millis(20 * S));
     assert_eq!(e.idempotency_key.as_deref(), Some("schedule:nightly:20000"));
-    assert_eq!(e.run_at, Millis(20 * S));
+    assert_eq!(e.run_at, crate::model::RunAt::At(Millis(20 * S)));
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::model::{Emitted, Event, EventId, Millis, NewEvent, Rule, RuleMatch, Subscription};
+use crate::model::{Emitted, Event, EventId, NewEvent, Rule, RuleMatch, Subscription};
 use crate::store::{
     EventFilter, Inspection, LeaseRef, Scheduled, Settle, Store, StoreError, StoreResult,
     SubscriptionSync, SweepPage, SweepPass,
@@ -208,14 +208,16 @@ impl Store for Faulty {
     }
     async fn purge(
         &self,
-        dead_before: Millis,
-        done_before: Millis,
+        dead_retention: Duration,
+        done_retention: Duration,
         limit: usize,
     ) -> StoreResult<u64> {
-        self.inner.purge(dead_before, done_before, limit).await
+        self.inner
+            .purge(dead_retention, done_retention, limit)
+            .await
     }
-    async fn purge_keys(&self, before: Millis, limit: usize) -> StoreResult<u64> {
-        self.inner.purge_keys(before, limit).await
+    async fn purge_keys(&self, window: Duration, limit: usize) -> StoreResult<u64> {
+        self.inner.purge_keys(window, limit).await
     }
     async fn upkeep(&self) -> StoreResult<()> {
         self.inner.upkeep().await

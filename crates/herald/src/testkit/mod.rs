@@ -293,6 +293,7 @@ macro_rules! store_suite {
         $crate::store_suite!(@tests $make;
             history_records_each_failed_attempt,
             emit_stores_the_event_as_given,
+            a_delay_counts_from_the_store_clock,
             emitting_the_same_id_twice_reports_existing,
             idempotency_key_names_one_event_until_purged,
             a_retried_emit_after_its_event_finished_returns_it_within_the_window,

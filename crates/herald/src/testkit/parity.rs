@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::decision::{self, Policy, Verdict};
-use crate::model::{EventId, EventState, LeaseToken, Millis, NewEvent, Rule, RuleKind};
+use crate::model::{EventId, EventState, LeaseToken, Millis, NewEvent, Rule, RuleKind, RunAt};
 use crate::store::{Finish, Settle, Store};
 
 use super::store::{LEASE, PAST_SHORT, SHORT};
@@ -145,9 +145,9 @@ async fn write(store: &dyn Store, shapes: &[Shape], copy: &str) -> Vec<EventId> 
             // still finds it due), or an hour ahead; a tried one gets its
             // run_at from the release.
             run_at: if s.due || s.tried {
-                now.minus(Duration::from_secs(1))
+                RunAt::At(now.minus(Duration::from_secs(1)))
             } else {
-                now.plus(Duration::from_secs(3600))
+                RunAt::At(now.plus(Duration::from_secs(3600)))
             },
             max_attempts: s.max_attempts,
             idempotency_key: None,

@@ -8,7 +8,6 @@ use std::time::Duration;
 use super::telemetry::RunEvent;
 use super::WorkerState;
 use crate::escape::escaped;
-use crate::model::Millis;
 use crate::queue::{Publish, Retention};
 
 /// The leader row's name.
@@ -135,11 +134,12 @@ async fn sweep(shared: &WorkerState, quiet: Duration) -> bool {
 }
 
 async fn purge(shared: &WorkerState) {
-    let now = Millis::now();
-    let dead_before = now.minus(shared.config.dead_retention);
-    let done_before = now.minus(shared.config.done_retention.unwrap_or(Duration::ZERO));
+    // Retentions, not cut-offs: the store counts them back from its own
+    // clock, so a worker whose clock is ahead purges nothing early.
+    let dead = shared.config.dead_retention;
+    let done = shared.config.done_retention.unwrap_or(Duration::ZERO);
     loop {
-        match shared.store.purge(dead_before, done_before, PAGE).await {
+        match shared.store.purge(dead, done, PAGE).await {
             Ok(n) if (n as usize) < PAGE => return,
             Ok(_) => continue,
             Err(e) => {

@@ -143,10 +143,16 @@ async fn store_def(
     def: ScheduleDef,
     must_be_new: bool,
 ) -> Result<Response, ApiError> {
-    let schedule = def
-        .build(Millis::now(), s.client.payload_limit())
-        .map_err(invalid)?;
     let store = s.client.store();
+    // Checked before the store is read, so that a bad definition is a 400
+    // whatever the store does; then built again from the store's clock,
+    // which judges its occurrences: the first is the first after the
+    // store's now, however this process's clock is off.
+    def.build(Millis::now(), s.client.payload_limit())
+        .map_err(invalid)?;
+    let schedule = def
+        .build(store.clock().await?, s.client.payload_limit())
+        .map_err(invalid)?;
     if must_be_new && store.schedule(&def.tenant, &def.name).await?.is_some() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,

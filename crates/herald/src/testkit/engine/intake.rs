@@ -151,10 +151,16 @@ pub async fn idempotency_key_runs_once(store: Arc<dyn Store>) {
         .unwrap();
     assert_eq!(again, crate::Emitted::Existing(a.id()));
     // Purged after its window, the key is free again.
-    let later = crate::Millis::now().plus(std::time::Duration::from_secs(3600));
-    // The first purge sees it finished, the next (a window later) frees it.
-    rig.client.store().purge_keys(later, 100).await.unwrap();
-    rig.client.store().purge_keys(later, 100).await.unwrap();
+    // A window of zero, a few ms apart: the first purge sees it finished,
+    // the next (a window later) frees it.
+    let (window, tick) = (
+        std::time::Duration::ZERO,
+        std::time::Duration::from_millis(5),
+    );
+    tokio::time::sleep(tick).await;
+    rig.client.store().purge_keys(window, 100).await.unwrap();
+    tokio::time::sleep(tick).await;
+    rig.client.store().purge_keys(window, 100).await.unwrap();
     let d = rig.client.emit_json(T, H, "{}", opts).await.unwrap();
     assert!(matches!(d, crate::Emitted::Created(_)));
     rig.runs_once(d.id()).await;

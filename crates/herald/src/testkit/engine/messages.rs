@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::{new_event, Rig, H, QUIET, SOON, T};
 use crate::handler::Context;
-use crate::model::{EventId, EventState, LeaseToken, Millis, Notification};
+use crate::model::{EventId, EventState, LeaseToken, Notification, RunAt};
 use crate::queue::Publish;
 use crate::store::{Finish, Settle, Store};
 use crate::testkit::eventually;
@@ -51,7 +51,7 @@ pub async fn a_message_of_many_events_answers_each_on_its_own(store: Arc<dyn Sto
     assert!(rig.client.pause(T, "held").await.expect("pause"));
     let runnable: Vec<_> = (0..3).map(|_| new_event(H)).collect();
     let mut delayed = new_event(H);
-    delayed.run_at = Millis::now().plus(Duration::from_millis(400));
+    delayed.run_at = RunAt::After(Duration::from_millis(400));
     let (paused, unknown) = (new_event("held"), new_event("nobody"));
     let mut events = runnable.clone();
     events.extend([delayed.clone(), paused.clone(), unknown.clone()]);

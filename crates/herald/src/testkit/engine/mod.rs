@@ -88,7 +88,7 @@ fn new_event(handler: &str) -> NewEvent {
         tenant: T.into(),
         handler: handler.into(),
         payload: "{}".into(),
-        run_at: crate::model::Millis::now(),
+        run_at: crate::model::RunAt::NOW,
         max_attempts: 3,
         idempotency_key: None,
         topic: None,

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::{new_event, Rig, H, SOON, T};
 use crate::client::{EmitOptions, EmitRequest};
 use crate::handler::Context;
-use crate::model::{Millis, NewEvent};
+use crate::model::{Millis, NewEvent, RunAt};
 use crate::store::Store;
 use crate::testkit::eventually;
 
@@ -39,7 +39,7 @@ pub async fn every_stored_event_runs_after_a_restart(store: Arc<dyn Store>) {
     let before = Millis::now().minus(Duration::from_secs(1));
     let events: Vec<NewEvent> = (0..2500)
         .map(|_| NewEvent {
-            run_at: before,
+            run_at: RunAt::At(before),
             ..new_event(H)
         })
         .collect();

@@ -44,7 +44,7 @@ pub use super::parity::claim_takes_exactly_what_admit_would_claim;
 
 use std::time::Duration;
 
-use crate::model::{Emitted, Event, EventId, LeaseToken, Millis, NewEvent, Rule, RuleKind};
+use crate::model::{Emitted, Event, EventId, LeaseToken, Millis, NewEvent, Rule, RuleKind, RunAt};
 use crate::store::{Finish, Scheduled, Settle, Store};
 
 /// A lease that outlives any scenario.
@@ -67,7 +67,7 @@ fn new_event(tenant: &str, handler: &str) -> NewEvent {
         tenant: tenant.into(),
         handler: handler.into(),
         payload: r#"{"n":1}"#.into(),
-        run_at: ago(Duration::from_secs(1)),
+        run_at: RunAt::At(ago(Duration::from_secs(1))),
         max_attempts: 3,
         idempotency_key: None,
         topic: None,
@@ -77,7 +77,7 @@ fn new_event(tenant: &str, handler: &str) -> NewEvent {
 /// An event due (and, by `notified_at = run_at`, last notified) a minute ago.
 fn old_event(tenant: &str, handler: &str) -> NewEvent {
     NewEvent {
-        run_at: ago(Duration::from_secs(60)),
+        run_at: RunAt::At(ago(Duration::from_secs(60))),
         ..new_event(tenant, handler)
     }
 }
@@ -86,8 +86,9 @@ fn ago(d: Duration) -> Millis {
     Millis::now().minus(d)
 }
 
-fn from_now(d: Duration) -> Millis {
-    Millis::now().plus(d)
+/// Due `d` after the store's now when it is stored.
+fn from_now(d: Duration) -> RunAt {
+    RunAt::After(d)
 }
 
 fn handlers(names: &[&str]) -> Vec<String> {
@@ -134,6 +135,13 @@ async fn emit_all(store: &dyn Store, events: &[NewEvent]) -> Vec<EventId> {
         assert_eq!(*o, Emitted::Created(e.id));
     }
     out.into_iter().map(Emitted::id).collect()
+}
+
+/// Lets the store's clock move on by a few ms, so that what was written
+/// so far is strictly before its now (a retention or window of zero
+/// covers it).
+async fn tick() {
+    tokio::time::sleep(Duration::from_millis(5)).await;
 }
 
 /// Claims one id of handler `h` with a fresh token; the token if it was

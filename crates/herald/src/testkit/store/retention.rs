@@ -4,16 +4,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{
-    ago, bury, claim_one, emit_one, from_now, get, new_event, old_event, settle_one, store_now,
-    LEASE, PAST_SHORT, SHORT,
+    bury, claim_one, emit_one, get, new_event, old_event, settle_one, store_now, tick, LEASE,
+    PAST_SHORT, SHORT,
 };
 use crate::model::{Emitted, EventId, EventState, NewEvent};
 use crate::store::{Finish, Store};
 use crate::testkit::stored;
 
-/// Purge deletes dead events that died before `dead_before` and done events
-/// finished before `done_before`, at most `limit` per call, and never a
-/// pending one.
+/// Purge deletes dead events that died more than `dead_retention` ago and
+/// done events finished more than `done_retention` ago, by the store's
+/// clock, at most `limit` per call, and never a pending one.
 pub async fn purge_deletes_old_dead_and_done_events_up_to_the_limit(store: Arc<dyn Store>) {
     let store = store.as_ref();
     let mut dead = Vec::new();
@@ -30,8 +30,10 @@ pub async fn purge_deletes_old_dead_and_done_events_up_to_the_limit(store: Arc<d
         assert!(settle_one(store, id, None, finish).await);
     }
     let pending = emit_one(store, old_event("t", "h")).await;
-    let past = ago(Duration::from_secs(60));
-    let future = from_now(Duration::from_secs(60));
+    // Retentions, counted back from the store's clock: a minute keeps
+    // them all, zero none (once the store's clock moved past their end).
+    let (past, future) = (Duration::from_secs(60), Duration::ZERO);
+    tick().await;
     assert_eq!(store.purge(past, past, 100).await.expect("purge"), 0);
     assert_eq!(store.purge(future, past, 2).await.expect("purge"), 2);
     assert_eq!(store.purge(future, past, 2).await.expect("purge"), 1);
@@ -82,26 +84,25 @@ pub async fn a_retried_emit_after_its_event_finished_returns_it_within_the_windo
     assert_eq!(stored(store).await, 0, "nothing new stored");
     // A window of a minute, by the store's clock: the key is a second old.
     let window = Duration::from_secs(60);
-    let before = store_now(store).await.minus(window);
-    assert_eq!(store.purge_keys(before, 100).await.expect("purge_keys"), 0);
+    assert_eq!(store.purge_keys(window, 100).await.expect("purge_keys"), 0);
     assert_eq!(
         store.emit(&[keyed()]).await.expect("emit"),
         vec![Emitted::Existing(id)]
     );
     // The window has passed: the event is seen gone, the key kept a window
     // more (its time reset to now).
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    let before = store_now(store).await;
-    assert_eq!(store.purge_keys(before, 100).await.expect("purge_keys"), 0);
+    let window = Duration::from_millis(500);
+    let past_window = Duration::from_millis(700);
+    tokio::time::sleep(past_window).await;
+    assert_eq!(store.purge_keys(window, 100).await.expect("purge_keys"), 0);
     assert_eq!(
         store.emit(&[keyed()]).await.expect("emit"),
         vec![Emitted::Existing(id)]
     );
-    assert_eq!(store.purge_keys(before, 100).await.expect("purge_keys"), 0);
+    assert_eq!(store.purge_keys(window, 100).await.expect("purge_keys"), 0);
     // A window after it was seen gone.
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    let before = store_now(store).await;
-    assert_eq!(store.purge_keys(before, 100).await.expect("purge_keys"), 1);
+    tokio::time::sleep(past_window).await;
+    assert_eq!(store.purge_keys(window, 100).await.expect("purge_keys"), 1);
     let again = keyed();
     assert_eq!(
         store
@@ -115,7 +116,8 @@ pub async fn a_retried_emit_after_its_event_finished_returns_it_within_the_windo
 /// A purge of keys handles at most `limit` keys, oldest first: the key of
 /// a finished event is marked gone the first time and goes the next, a
 /// live event's key is kept (and its time reset, so that the next purge of
-/// the same age passes it by). Keys stored after `before` are left alone.
+/// the same age passes it by). Keys stored within the window are left
+/// alone.
 pub async fn purge_keys_goes_oldest_first_up_to_the_limit_and_keeps_live_events_keys(
     store: Arc<dyn Store>,
 ) {
@@ -133,8 +135,9 @@ pub async fn purge_keys_goes_oldest_first_up_to_the_limit_and_keeps_live_events_
     // Stored later, by the store's clock, than the finished ones' keys.
     tokio::time::sleep(Duration::from_millis(20)).await;
     let live = emit_one(store, keyed("live")).await;
-    let past = ago(Duration::from_secs(60));
-    let future = from_now(Duration::from_secs(60));
+    // Windows, counted back from the store's clock: a minute covers no key,
+    // zero every key stored before the store's now.
+    let (past, future) = (Duration::from_secs(60), Duration::ZERO);
     assert_eq!(store.purge_keys(past, 100).await.expect("purge_keys"), 0);
     assert_eq!(store.purge_keys(future, 0).await.expect("purge_keys"), 0);
     // Seen gone, two at a time, oldest first (each pass a few ms apart, so
@@ -148,11 +151,10 @@ pub async fn purge_keys_goes_oldest_first_up_to_the_limit_and_keeps_live_events_
     assert_eq!(store.purge_keys(future, 2).await.expect("purge_keys"), 2);
     // The last finished one, and the live one (kept).
     assert_eq!(store.purge_keys(future, 2).await.expect("purge_keys"), 1);
-    // Reset to now: not before a purge as old as the last.
-    let now = store_now(store).await;
+    // Reset to now: not covered by a window of a second.
     assert_eq!(
         store
-            .purge_keys(now.minus(Duration::from_secs(1)), 100)
+            .purge_keys(Duration::from_secs(1), 100)
             .await
             .expect("purge_keys"),
         0
@@ -184,8 +186,9 @@ pub async fn purge_leaves_idempotency_keys_alone(store: Arc<dyn Store>) {
     };
     let id = emit_one(store, keyed()).await;
     assert!(settle_one(store, id, None, Finish::Archive).await);
-    let future = from_now(Duration::from_secs(60));
-    assert_eq!(store.purge(future, future, 100).await.expect("purge"), 1);
+    tick().await;
+    let none = Duration::ZERO;
+    assert_eq!(store.purge(none, none, 100).await.expect("purge"), 1);
     assert_eq!(store.get(id).await.expect("get"), None);
     assert_eq!(
         store.emit(&[keyed()]).await.expect("emit"),

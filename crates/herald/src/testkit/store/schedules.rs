@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::store_now;
-use crate::model::{EventState, Millis};
+use crate::model::{EventState, Millis, RunAt};
 use crate::schedule::{
     fire, Missed, Schedule, ScheduleDef, ScheduleFiring, ScheduleSource, DEFAULT_GRACE,
 };
@@ -206,7 +206,14 @@ pub async fn two_concurrent_fires_of_one_cursor_have_one_winner(store: Arc<dyn S
     assert_eq!(stored.len(), f.events.len(), "only the winner's events");
     let mut runs: Vec<Millis> = stored.iter().map(|e| e.run_at).collect();
     runs.sort();
-    let want: Vec<Millis> = f.events.iter().map(|e| e.run_at).collect();
+    let want: Vec<Millis> = f
+        .events
+        .iter()
+        .map(|e| match e.run_at {
+            RunAt::At(at) => at,
+            RunAt::After(d) => panic!("an occurrence due {d:?} after now"),
+        })
+        .collect();
     assert_eq!(runs, want, "one event per occurrence, due at it");
     for e in &stored {
         assert_eq!(e.state, EventState::Pending);
