@@ -33,6 +33,9 @@
 #   read      the claim's rows read and returned, not updated
 #   harness   a claim that takes nothing: the cost of building the id
 #             arrays, to subtract from the others
+#   one_token the claim writing one token for the batch (`$1[1]`) rather
+#             than each id's (`$1[array_position($3, e.id)]`, schema 14):
+#             what a token per event costs
 #
 # COLD=N first stores N events in events_cold that no claim takes (the
 # paused backlog of bench/compare.sh: the handler paused for other
@@ -80,7 +83,7 @@ variant leaf settle_delete 's/WHERE e\.id = ANY(\$1)/WHERE e.id = ANY($1) AND e.
 unprune='/AND (e\.leaf = \(0$\|(SELECT l\.leaf FROM ring_empty AS l WHERE l\.leaf = 1 \)/,/l\.leaf = 3 AND NOT l\.empty))/d'
 variant all claim "$unprune"
 variant all settle_delete "$unprune"
-variants="schema leaf all no_rules rule_each by_handler read harness"
+variants="schema one_token leaf all no_rules rule_each by_handler read harness"
 settles="settle_delete_schema settle_delete_leaf settle_delete_all"
 if [ "$(sql -c "SELECT prosrc LIKE '%GET DIAGNOSTICS%' FROM pg_proc WHERE oid = 'herald.claim'::regproc")" = t ]; then
   cold_too='s/AND (e\.leaf = (SELECT l\.leaf FROM ring_empty AS l WHERE l\.leaf = 1 /AND (e.leaf = 0 OR e.leaf = (SELECT l.leaf FROM ring_empty AS l WHERE l.leaf = 1 /'
@@ -93,8 +96,9 @@ variant no_rules claim '/AND ((SELECT NOT EXISTS (SELECT 1 FROM rules/,/OFFSET 0
 variant rule_each claim 's/(SELECT NOT EXISTS (SELECT 1 FROM rules AS h WHERE h\.handler = ANY(\$4)))/false/; s/AND e\.tenant = ANY(\$5))/AND false)/'
 variant by_handler claim 's/AND e\.tenant = ANY(\$5))/AND false)/'
 variant harness claim 's/WHERE e\.id = ANY(\$3)/WHERE e.id = ANY($3) AND false/'
+variant one_token claim 's/\$1\[array_position(\$3, e\.id)\]/$1[1]/g'
 sql <<'SQL' >/dev/null
-CREATE FUNCTION herald.claim_read(uuid, bigint, uuid[], text[], text[]) RETURNS SETOF herald.events
+CREATE FUNCTION herald.claim_read(uuid[], bigint, uuid[], text[], text[]) RETURNS SETOF herald.events
 LANGUAGE plpgsql STABLE SET enable_seqscan = off SET enable_bitmapscan = off
 SET plan_cache_mode = force_generic_plan SET jit = off SET search_path = herald, pg_catalog
 AS $$BEGIN RETURN QUERY SELECT e.* FROM events AS e WHERE e.id = ANY($3); END$$;
@@ -112,7 +116,7 @@ done
 ids() { echo "(SELECT array_agg(lpad(to_hex(g), 32, '0')::uuid ORDER BY g) FROM generate_series($1, $(($1 + 499))) AS g)"; }
 token="'00000000-0000-0000-0000-0000000000aa'::uuid"
 for b in $(seq 0 199); do
-  echo "SELECT count(*) FROM herald.CLAIM($token, 30000, $(ids $((b * 500 + 1))), ARRAY['noop'], ARRAY['tenant']);" >>"$work/claims.sql"
+  echo "SELECT count(*) FROM herald.CLAIM(array_fill($token, ARRAY[500]), 30000, $(ids $((b * 500 + 1))), ARRAY['noop'], ARRAY['tenant']);" >>"$work/claims.sql"
   echo "SELECT count(*) FROM herald.SETTLE($(ids $((b * 500 + 1))), array_fill($token, ARRAY[500]), (SELECT array_agg(g) FROM generate_series(1, 500) AS g));" >>"$work/settles.sql"
 done
 COLD=${COLD:-0}
@@ -128,7 +132,8 @@ SELECT count(*) FROM herald.emit(
   (SELECT array_agg(lpad(to_hex(g), 32, '0')::uuid ORDER BY g) FROM generate_series(1, 100000) AS g),
   array_fill('tenant'::text, ARRAY[100000]), array_fill('noop'::text, ARRAY[100000]),
   array_fill('{"n":1}'::text, ARRAY[100000]), array_fill(0::int8, ARRAY[100000]),
-  array_fill(3, ARRAY[100000]), array_fill(NULL::text, ARRAY[100000]), array_fill(NULL::text, ARRAY[100000]));
+  array_fill(3, ARRAY[100000]), array_fill(NULL::text, ARRAY[100000]), array_fill(NULL::text, ARRAY[100000]),
+  array_fill(NULL::int8, ARRAY[100000]));
 VACUUM ANALYZE herald.events;
 SQL
 # Runs a file of statements; prints its ms and the rows its statements
