@@ -464,22 +464,6 @@ impl Evidence<'_> {
         let mut over = Vec::new();
         for (fi, f) in self.faults.iter().enumerate() {
             let Some(k) = f.kill_at else { continue };
-            // Faults that delay every rescue (the store or the broker away,
-            // a stopped server holding the redelivery), and another fault
-            // of the killed server itself (killed again before it could
-            // rescue: the embedded shape has no other), leave the kill out.
-            let disturbed = self.faults.iter().enumerate().any(|(i, g)| {
-                i != fi
-                    && (matches!(
-                        g.kind,
-                        Kind::PgCrash | Kind::NatsRestart | Kind::Stop | Kind::PgTerminate
-                    ) || (g.slot.is_some() && g.slot == f.slot))
-                    && g.start <= k + bound
-                    && g.end >= k - 0.5
-            });
-            if disturbed {
-                continue;
-            }
             let Some(slot) = f.slot else { continue };
             for r in self.runs {
                 let Some(i) = self.incarnation_of(r, &ids) else {
@@ -502,6 +486,26 @@ impl Evidence<'_> {
                     .map(|n| n.begin)
                     .min_by(f64::total_cmp);
                 if let Some(n) = next {
+                    // Faults that delay every rescue (the store or the
+                    // broker away, a stopped server holding the
+                    // redelivery), and another fault of the killed server
+                    // itself before the next run began (killed again
+                    // before it could rescue, or as the rescued run was
+                    // spawned: the embedded shape has no other server),
+                    // leave the kill out.
+                    let until = n.max(k + bound);
+                    let disturbed = self.faults.iter().enumerate().any(|(i, g)| {
+                        i != fi
+                            && (matches!(
+                                g.kind,
+                                Kind::PgCrash | Kind::NatsRestart | Kind::Stop | Kind::PgTerminate
+                            ) || (g.slot.is_some() && g.slot == f.slot))
+                            && g.start <= until
+                            && g.end >= k - 0.5
+                    });
+                    if disturbed {
+                        continue;
+                    }
                     let rescue = n - k;
                     times.push(rescue);
                     if rescue > bound {
