@@ -10,16 +10,13 @@ mod common;
 
 use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::proxy::Proxy;
 use common::Server;
 use herald_postgres::testing::{database_url, reachable, unreachable};
 use serde_json::{json, Value};
 use sqlx::{Connection, PgConnection};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 
 fn herald(dir: &Path) -> Command {
     let mut c = common::herald(dir);
@@ -310,64 +307,6 @@ async fn read_only_postgres_is_refused_at_start_and_answers_503_mid_run() {
 }
 
 // ---- PostgreSQL going away mid-run.
-
-/// A TCP proxy to PostgreSQL that forwards until it is told to hold
-/// (tests/store_unavailable.rs has the same).
-struct Proxy {
-    port: u16,
-    hole: Arc<AtomicBool>,
-}
-
-impl Proxy {
-    async fn start(target: String) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let hole = Arc::new(AtomicBool::new(false));
-        let held = hole.clone();
-        tokio::spawn(async move {
-            while let Ok((inbound, _)) = listener.accept().await {
-                let (hole, target) = (held.clone(), target.clone());
-                tokio::spawn(async move {
-                    while hole.load(Ordering::SeqCst) {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                    let Ok(outbound) = TcpStream::connect(&target).await else {
-                        return;
-                    };
-                    let (ri, wi) = inbound.into_split();
-                    let (ro, wo) = outbound.into_split();
-                    tokio::spawn(forward(ri, wo, hole.clone()));
-                    tokio::spawn(forward(ro, wi, hole));
-                });
-            }
-        });
-        Proxy { port, hole }
-    }
-
-    fn hold(&self, on: bool) {
-        self.hole.store(on, Ordering::SeqCst);
-    }
-}
-
-async fn forward(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    hole: Arc<AtomicBool>,
-) {
-    let mut buf = vec![0u8; 64 << 10];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        while hole.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
-    }
-}
 
 /// PostgreSQL stops answering for 10 s: the process keeps running, logs a
 /// bounded number of warnings, and once the database answers again the
