@@ -35,12 +35,12 @@ pub(crate) fn print(
         println!("rescue after SIGKILL: no clean kill held a run");
     } else {
         println!(
-            "rescue after SIGKILL: {} runs, median {:.3} s, p90 {:.3} s, max {:.3} s (bound lease + lease/3 = {:.3} s)",
+            "rescue after SIGKILL: {} runs, median {:.3} s, p90 {:.3} s, max {:.3} s (bound lease + lease/3 + 1 s = {:.3} s)",
             sorted.len(),
             quantile(&sorted, 0.5),
             quantile(&sorted, 0.9),
             quantile(&sorted, 1.0),
-            lease + lease / 3.0
+            crate::invariants::rescue_bound(lease)
         );
     }
     for n in notes {
