@@ -157,7 +157,7 @@ async fn main() {
     let ledger_path = workdir.join("ledger");
     let script = deployment::write_script(&workdir, &ledger_path);
     let handlers = deployment::handler_tables(&script, &ledger_path);
-    let mut worker_keys = deployment::worker_keys(args.lease_secs);
+    let worker_keys = deployment::worker_keys(args.lease_secs);
     println!(
         "chaos: seed {seed}, store {}, queue {}, lease {} s, {} events over {} s of faults, work directory {}",
         args.store,
@@ -209,10 +209,12 @@ async fn main() {
             nats = Some(n);
             Broker::Nats(url)
         } else {
-            worker_keys.push(("pubsub_pull", "\"unary\"".into()));
             Broker::Pubsub(args.pubsub.clone())
         };
-        let s = Scratch::create(&herald, &pg_url, &broker, "chaos").await;
+        let mut s = Scratch::create(&herald, &pg_url, &broker, "chaos").await;
+        // The emulator serves unary pulls (docs/pubsub.md).
+        s.queue_keys
+            .push(("pubsub_pull".into(), "\"unary\"".into()));
         let config = s.herald_toml(&worker_keys, &handlers);
         let specs = (1..=args.workers)
             .map(|i| {
@@ -407,7 +409,10 @@ async fn main() {
         leftover_pids: &leftover,
     };
     let checks = evidence.check_all();
-    let (rescues, _) = evidence.rescues();
+    // Rescue time is timing on a shared machine: measured and reported
+    // beside its bound, not an invariant (a loaded 2-core runner would
+    // fail it at random).
+    let (rescues, over) = evidence.rescues();
     let faults_text: String = chaos
         .faults
         .iter()
@@ -428,7 +433,7 @@ async fn main() {
         .flat_map(|c| c.failures.iter().map(move |f| format!("{}: {f}\n", c.name)))
         .collect();
     let _ = std::fs::write(workdir.join("failures.txt"), failures_text);
-    let failed = report::print(&chaos.faults, &checks, &rescues, lease, &notes);
+    let failed = report::print(&chaos.faults, &checks, (&rescues, &over), lease, &notes);
 
     if let Some(q) = &chaos.queue {
         q.queue().close().await;
