@@ -529,7 +529,6 @@ impl Evidence<'_> {
         (times, over)
     }
 
-
     /// Every emit request is answered within the producer's timeout, unless
     /// its server was stopped or killed meanwhile.
     fn emits_answer(&self) -> Check {
