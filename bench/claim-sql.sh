@@ -36,7 +36,6 @@
 #   one_token the claim writing one token for the batch (`$1[1]`) rather
 #             than each id's (`$1[array_position($3, e.id)]`, schema 14):
 #             what a token per event costs
-#   hashed    each id's token by a hash join with unnest($3, $1)
 #
 # COLD=N first stores N events in events_cold that no claim takes (the
 # paused backlog of bench/compare.sh: the handler paused for other
@@ -84,7 +83,7 @@ variant leaf settle_delete 's/WHERE e\.id = ANY(\$1)/WHERE e.id = ANY($1) AND e.
 unprune='/AND (e\.leaf = \(0$\|(SELECT l\.leaf FROM ring_empty AS l WHERE l\.leaf = 1 \)/,/l\.leaf = 3 AND NOT l\.empty))/d'
 variant all claim "$unprune"
 variant all settle_delete "$unprune"
-variants="schema one_token hashed leaf all no_rules rule_each by_handler read harness"
+variants="schema one_token leaf all no_rules rule_each by_handler read harness"
 settles="settle_delete_schema settle_delete_leaf settle_delete_all"
 if [ "$(sql -c "SELECT prosrc LIKE '%GET DIAGNOSTICS%' FROM pg_proc WHERE oid = 'herald.claim'::regproc")" = t ]; then
   cold_too='s/AND (e\.leaf = (SELECT l\.leaf FROM ring_empty AS l WHERE l\.leaf = 1 /AND (e.leaf = 0 OR e.leaf = (SELECT l.leaf FROM ring_empty AS l WHERE l.leaf = 1 /'
@@ -98,7 +97,6 @@ variant rule_each claim 's/(SELECT NOT EXISTS (SELECT 1 FROM rules AS h WHERE h\
 variant by_handler claim 's/AND e\.tenant = ANY(\$5))/AND false)/'
 variant harness claim 's/WHERE e\.id = ANY(\$3)/WHERE e.id = ANY($3) AND false/'
 variant one_token claim 's/\$1\[array_position(\$3, e\.id)\]/$1[1]/g'
-variant hashed claim "s/\\\$1\\[array_position(\\\$3, e\\.id)\\]/t.token/g; s/WHERE e\\.id = ANY(\\\$3)/FROM unnest(\$3, \$1) AS t(id, token) WHERE e.id = t.id AND e.id = ANY(\$3)/g; s/enable_hashjoin TO 'off'/enable_hashjoin TO 'on'/"
 sql <<'SQL' >/dev/null
 CREATE FUNCTION herald.claim_read(uuid[], bigint, uuid[], text[], text[]) RETURNS SETOF herald.events
 LANGUAGE plpgsql STABLE SET enable_seqscan = off SET enable_bitmapscan = off
