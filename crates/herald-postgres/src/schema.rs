@@ -6,23 +6,20 @@ use sqlx::{Connection, Executor, PgConnection, Row};
 
 /// The embedded migrations, in order; the schema version after applying the
 /// `n`-th is `n` (1-based). Each runs with `search_path` set to herald's
-/// schema, so it names tables without a schema.
-const MIGRATIONS: &[&str] = &[
-    include_str!("../migrations/0001_init.sql"),
-    include_str!("../migrations/0002_error_history.sql"),
-    include_str!("../migrations/0003_bounded_plans.sql"),
-    include_str!("../migrations/0004_id_key.sql"),
-    include_str!("../migrations/0005_ring.sql"),
-    include_str!("../migrations/0006_topics.sql"),
-    include_str!("../migrations/0007_schedules.sql"),
-    include_str!("../migrations/0008_rule_check_once.sql"),
-    include_str!("../migrations/0009_rule_check_by_tenant.sql"),
-    include_str!("../migrations/0010_skip_empty_leaves.sql"),
-    include_str!("../migrations/0011_retire_untouched_leaves.sql"),
-    include_str!("../migrations/0012_cold_only_when_missing.sql"),
-    include_str!("../migrations/0013_idempotency_keys.sql"),
-    include_str!("../migrations/0014_token_per_event.sql"),
-    include_str!("../migrations/0015_run_at_by_store_clock.sql"),
+/// schema, so it names tables without a schema. The first is the baseline:
+/// the tables and indexes as of herald 0.1.0 (migrations/README.md).
+const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_baseline.sql")];
+
+/// The schema's functions, one file per concern, applied with `CREATE OR
+/// REPLACE` after the migrations on every migrate, so that each file is
+/// the one place that defines its functions.
+const FUNCTIONS: &[(&str, &str)] = &[
+    ("sql/emit.sql", include_str!("../sql/emit.sql")),
+    ("sql/claim.sql", include_str!("../sql/claim.sql")),
+    ("sql/settle.sql", include_str!("../sql/settle.sql")),
+    ("sql/rules.sql", include_str!("../sql/rules.sql")),
+    ("sql/sweep.sql", include_str!("../sql/sweep.sql")),
+    ("sql/ring.sql", include_str!("../sql/ring.sql")),
 ];
 
 /// The newest schema version this build knows.
@@ -36,6 +33,11 @@ const MARKER_KEY: &str = "format";
 const MARKER_VALUE: &str = "herald event store";
 /// The version row in `meta`.
 const VERSION_KEY: &str = "schema_version";
+/// The baseline row in `meta`: the release whose baseline migration made
+/// the schema. A schema with a version but without it was made by a
+/// pre-release herald, whose migrations the baseline replaced.
+const BASELINE_KEY: &str = "baseline";
+const BASELINE_VALUE: &str = "0.1.0";
 
 /// Why a schema name was refused.
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +87,9 @@ pub(crate) enum Found {
     Empty,
     /// herald's, at this version.
     Herald(i64),
+    /// herald's, made by a pre-release herald at this version of the
+    /// migrations that the baseline replaced: it cannot be upgraded.
+    PreRelease(i64),
 }
 
 fn open_error(location: &str, what: &str, e: impl std::fmt::Display) -> StoreError {
@@ -130,11 +135,12 @@ pub(crate) async fn inspect(
         });
     }
     let rows = sqlx::query(&format!(
-        "SELECT key, value FROM {}.meta WHERE key IN ($1, $2)",
+        "SELECT key, value FROM {}.meta WHERE key IN ($1, $2, $3)",
         schema.quoted
     ))
     .bind(MARKER_KEY)
     .bind(VERSION_KEY)
+    .bind(BASELINE_KEY)
     .fetch_all(&mut *conn)
     .await
     .map_err(|e| StoreError::NotHerald {
@@ -146,11 +152,13 @@ pub(crate) async fn inspect(
     })?;
     let mut marker = None;
     let mut version = None;
+    let mut baseline = None;
     for r in &rows {
         let key: String = r.try_get(0).map_err(fail)?;
         let value: String = r.try_get(1).map_err(fail)?;
         match key.as_str() {
             MARKER_KEY => marker = Some(value),
+            BASELINE_KEY => baseline = Some(value),
             _ => version = Some(value),
         }
     }
@@ -161,11 +169,15 @@ pub(crate) async fn inspect(
         });
     }
     match version.as_deref().map(str::parse::<i64>) {
-        Some(Ok(v)) if v >= 1 => Ok(Found::Herald(v)),
+        Some(Ok(v)) if v >= 1 && baseline.as_deref() == Some(BASELINE_VALUE) => {
+            Ok(Found::Herald(v))
+        }
+        Some(Ok(v)) if v >= 1 && baseline.is_none() => Ok(Found::PreRelease(v)),
         other => Err(StoreError::NotHerald {
             location: location.to_string(),
             reason: format!(
-                "schema {:?} has herald's marker but no valid schema version ({other:?})",
+                "schema {:?} has herald's marker but no valid schema version \
+                 ({other:?}, baseline {baseline:?})",
                 schema.name
             ),
         }),
@@ -193,6 +205,7 @@ pub(crate) async fn check(
                 schema.name
             ),
         }),
+        Found::PreRelease(v) => Err(pre_release(schema, location, v)),
         Found::Empty => Err(StoreError::Open {
             location: location.to_string(),
             reason: format!(
@@ -204,11 +217,24 @@ pub(crate) async fn check(
     }
 }
 
-/// Creates the schema if needed and applies the migrations newer than its
-/// version, in one transaction. Concurrent migrations of the same schema
-/// wait for each other (a transaction-scoped advisory lock, held only while
-/// migrating), so the second finds the work done. Returns the version before
-/// and after.
+/// The error for a schema that a pre-release herald made.
+fn pre_release(schema: &SchemaName, location: &str, version: i64) -> StoreError {
+    StoreError::Open {
+        location: location.to_string(),
+        reason: format!(
+            "schema {:?} was made by a pre-release herald (schema version {version} of the \
+             migrations that herald {BASELINE_VALUE}'s baseline replaced) and cannot be \
+             upgraded; drop it (DROP SCHEMA {} CASCADE) and run `herald migrate`",
+            schema.name, schema.quoted
+        ),
+    }
+}
+
+/// Creates the schema if needed, applies the migrations newer than its
+/// version and then the functions (every time), in one transaction.
+/// Concurrent migrations of the same schema wait for each other (a
+/// transaction-scoped advisory lock, held only while migrating), so the
+/// second finds the work done. Returns the version before and after.
 pub(crate) async fn migrate(
     conn: &mut PgConnection,
     schema: &SchemaName,
@@ -233,15 +259,23 @@ pub(crate) async fn migrate(
             })
         }
         Found::Herald(v) => v,
+        Found::PreRelease(v) => return Err(pre_release(schema, location, v)),
     };
+    // The schema is created only when there is something to migrate: an
+    // existing one needs no CREATE privilege on the database.
+    let create = if current < SCHEMA_VERSION {
+        format!("CREATE SCHEMA IF NOT EXISTS {}; ", schema.quoted)
+    } else {
+        String::new()
+    };
+    let prelude = format!(
+        "{create}SET LOCAL search_path TO {q}, pg_catalog",
+        q = schema.quoted
+    );
+    tx.execute(prelude.as_str())
+        .await
+        .map_err(|e| open_error(location, "cannot create the schema", e))?;
     if current < SCHEMA_VERSION {
-        let prelude = format!(
-            "CREATE SCHEMA IF NOT EXISTS {q}; SET LOCAL search_path TO {q}, pg_catalog",
-            q = schema.quoted
-        );
-        tx.execute(prelude.as_str())
-            .await
-            .map_err(|e| open_error(location, "cannot create the schema", e))?;
         for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
             let version = i as i64 + 1;
             tracing::info!(location, schema = %schema.name, version, "herald-postgres: applying migration");
@@ -259,6 +293,12 @@ pub(crate) async fn migrate(
         .execute(&mut *tx)
         .await
         .map_err(|e| open_error(location, "cannot record the schema version", e))?;
+    }
+    for (file, sql) in FUNCTIONS {
+        tracing::debug!(location, schema = %schema.name, file, "herald-postgres: applying functions");
+        tx.execute(*sql)
+            .await
+            .map_err(|e| open_error(location, &format!("{file} failed"), e))?;
     }
     tx.commit()
         .await

@@ -178,81 +178,69 @@ async fn migrations_are_idempotent_and_concurrent_migrations_agree() {
     assert_eq!(version, SCHEMA_VERSION.to_string());
 }
 
-/// A schema at version 2 holding events (made from the first two migration
-/// files, as an older herald left it) is upgraded to version 3: its events
-/// are claimed, renewed and settled through the new functions, and events
-/// gets its per-table autovacuum settings.
+/// A schema that a pre-release herald made (its marker and a schema version,
+/// but no baseline row) is refused with an error that says what to do, by
+/// both the check and the migration, and is left as it was.
 #[tokio::test]
-async fn a_version_2_schema_with_events_upgrades_and_its_events_run() {
+async fn a_pre_release_schema_is_refused_with_a_clear_error() {
     let Some(pool) = pool().await else { return };
     let name = TestSchema::random_name();
     let _guard = TestSchema::adopt(&name);
     let q = format!("\"{name}\"");
-    let mut tx = pool.begin().await.unwrap();
     sqlx::raw_sql(&format!(
-        "CREATE SCHEMA {q}; SET LOCAL search_path TO {q}, pg_catalog; {} {} \
-         INSERT INTO meta (key, value) VALUES ('schema_version', '2'); \
-         INSERT INTO events (id, run_at, notified_at, created_at, updated_at, max_attempts, \
-                             tenant, handler, payload) \
-         SELECT gen_random_uuid(), 0, 0, 0, 0, 3, 't', 'h', '{{}}' FROM generate_series(1, 10);",
-        include_str!("../migrations/0001_init.sql"),
-        include_str!("../migrations/0002_error_history.sql"),
+        "CREATE SCHEMA {q}; \
+         CREATE TABLE {q}.meta (key text NOT NULL PRIMARY KEY, value text NOT NULL); \
+         INSERT INTO {q}.meta (key, value) \
+         VALUES ('format', 'herald event store'), ('schema_version', '15');"
     ))
-    .execute(&mut *tx)
+    .execute(&pool)
     .await
     .unwrap();
-    tx.commit().await.unwrap();
     let store = PgStore::from_pool_unchecked(pool.clone(), &name).unwrap();
-    assert!(store.check_schema().await.is_err(), "version 2 is too old");
-    assert_eq!(store.migrate().await.unwrap(), (2, SCHEMA_VERSION));
-    let store = PgStore::from_pool(pool.clone(), &name).await.unwrap();
-    let ids: Vec<EventId> =
-        sqlx::query_scalar::<_, uuid::Uuid>(&format!("SELECT id FROM {q}.events ORDER BY id"))
-            .fetch_all(&pool)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(EventId)
-            .collect();
-    assert_eq!(ids.len(), 10);
-    let token = LeaseToken::new();
-    let claimed = store
-        .claim(
-            &herald::testkit::leases(&ids, token),
-            &handlers(&["h"]),
-            &["t".into()],
-            Duration::from_secs(30),
-        )
+    for result in [
+        store.check_schema().await,
+        store.migrate().await.map(|_| ()),
+    ] {
+        match result {
+            Err(StoreError::Open { reason, .. }) => {
+                assert!(reason.contains("pre-release herald"), "{reason}");
+                assert!(reason.contains("schema version 15"), "{reason}");
+                assert!(reason.contains("DROP SCHEMA"), "{reason}");
+                assert!(reason.contains("herald migrate"), "{reason}");
+            }
+            other => panic!("expected Open, got {other:?}"),
+        }
+    }
+    let tables: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_tables WHERE schemaname = $1")
+        .bind(&name)
+        .fetch_one(&pool)
         .await
         .unwrap();
-    assert_eq!(claimed.len(), 10);
-    let leases: Vec<LeaseRef> = ids.iter().map(|&id| LeaseRef { id, token }).collect();
+    assert_eq!(tables, 1, "nothing was created");
+}
+
+/// Every migrate applies the function files, even on a schema at the
+/// current version: a function dropped by hand is back afterwards.
+#[tokio::test]
+async fn every_migrate_applies_the_functions() {
+    let f = fixture!();
+    sqlx::query(&format!("DROP FUNCTION {}", f.table("sweep_park(uuid[])")))
+        .execute(f.store.pool())
+        .await
+        .unwrap();
     assert_eq!(
-        store.renew(&leases, Duration::from_secs(30)).await.unwrap(),
-        vec![true; 10]
+        f.store.migrate().await.unwrap(),
+        (SCHEMA_VERSION, SCHEMA_VERSION)
     );
-    let settles: Vec<Settle> = ids
-        .iter()
-        .map(|&id| Settle {
-            id,
-            token: Some(token),
-            finish: Finish::Delete,
-        })
-        .collect();
-    assert_eq!(store.settle(&settles).await.unwrap(), vec![true; 10]);
-    assert!(store.get(ids[0]).await.unwrap().is_none());
-    let options: Vec<String> = sqlx::query_scalar(
-        "SELECT unnest(c.reloptions) FROM pg_class c JOIN pg_namespace n \
-           ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = 'events_cold'",
+    let back: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+         WHERE n.nspname = $1 AND p.proname = 'sweep_park'",
     )
-    .bind(&name)
-    .fetch_all(&pool)
+    .bind(f.store.schema())
+    .fetch_one(f.store.pool())
     .await
     .unwrap();
-    assert!(
-        options.contains(&"autovacuum_vacuum_cost_delay=0".to_string()),
-        "{options:?}"
-    );
+    assert_eq!(back, 1);
 }
 
 #[tokio::test]
