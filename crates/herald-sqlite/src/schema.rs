@@ -8,14 +8,9 @@ use herald::store::StoreError;
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension};
 
 /// The embedded migrations, in order; the schema version after applying the
-/// `n`-th is `n` (1-based).
-const MIGRATIONS: &[&str] = &[
-    include_str!("../migrations/0001_init.sql"),
-    include_str!("../migrations/0002_error_history.sql"),
-    include_str!("../migrations/0003_topics.sql"),
-    include_str!("../migrations/0004_schedules.sql"),
-    include_str!("../migrations/0005_idempotency_keys.sql"),
-];
+/// `n`-th is `n` (1-based). The first is the baseline: the schema as of
+/// herald 0.1.0 (migrations/README.md).
+const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_baseline.sql")];
 
 /// The newest schema version this build knows.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -23,6 +18,11 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 /// The key and value of the marker row in `herald_meta`.
 const MARKER_KEY: &str = "format";
 const MARKER_VALUE: &str = "herald event store";
+/// The baseline row in `herald_meta`: the release whose baseline migration
+/// made the file. A herald file without it was made by a pre-release
+/// herald, whose migrations the baseline replaced.
+const BASELINE_KEY: &str = "baseline";
+const BASELINE_VALUE: &str = "0.1.0";
 
 /// How long a statement waits for another connection's lock.
 const BUSY_TIMEOUT: Duration = Duration::from_millis(5000);
@@ -33,6 +33,21 @@ enum Found {
     Empty,
     /// A herald database at this schema version.
     Herald(i64),
+    /// A herald database that a pre-release herald made, at this version of
+    /// the migrations that the baseline replaced: it cannot be upgraded.
+    PreRelease(i64),
+}
+
+/// The error for a file that a pre-release herald made.
+fn pre_release(location: &str, version: i64) -> StoreError {
+    open_error(
+        location,
+        format!(
+            "the file was made by a pre-release herald (schema version {version} of the \
+             migrations that herald {BASELINE_VALUE}'s baseline replaced) and cannot be \
+             upgraded; move it away and open the path again for a new one"
+        ),
+    )
 }
 
 fn open_error(location: &str, e: impl std::fmt::Display) -> StoreError {
@@ -67,15 +82,16 @@ pub(crate) fn open(path: &Path) -> Result<Connection, StoreError> {
 
     // Look before writing anything (even the journal mode): a foreign
     // database must be left exactly as it was.
-    let found = inspect(&conn, &location)?;
-    if let Found::Herald(v) = found {
-        if v > SCHEMA_VERSION {
+    match inspect(&conn, &location)? {
+        Found::Herald(v) if v > SCHEMA_VERSION => {
             return Err(StoreError::TooNew {
                 location,
                 found: v,
                 known: SCHEMA_VERSION,
             });
         }
+        Found::PreRelease(v) => return Err(pre_release(&location, v)),
+        Found::Herald(_) | Found::Empty => {}
     }
 
     let mode: String = conn
@@ -130,19 +146,26 @@ fn inspect(conn: &Connection, location: &str) -> Result<Found, StoreError> {
         )
         .map_err(|e| read_error(location, e))?
         > 0;
-    let marker: Option<String> = if has_meta {
-        conn.query_row(
-            "SELECT value FROM herald_meta WHERE key = ?1",
-            [MARKER_KEY],
-            |r| r.get(0),
-        )
+    let meta = |key: &str| -> Result<Option<String>, StoreError> {
+        if !has_meta {
+            return Ok(None);
+        }
+        conn.query_row("SELECT value FROM herald_meta WHERE key = ?1", [key], |r| {
+            r.get(0)
+        })
         .optional()
-        .map_err(|e| read_error(location, e))?
-    } else {
-        None
+        .map_err(|e| read_error(location, e))
     };
+    let marker = meta(MARKER_KEY)?;
     match marker {
-        Some(m) if m == MARKER_VALUE && version >= 1 => Ok(Found::Herald(version)),
+        Some(m) if m == MARKER_VALUE && version >= 1 => match meta(BASELINE_KEY)? {
+            Some(b) if b == BASELINE_VALUE => Ok(Found::Herald(version)),
+            Some(b) => Err(StoreError::NotHerald {
+                location: location.to_string(),
+                reason: format!("it has herald's marker but an unknown baseline {b:?}"),
+            }),
+            None => Ok(Found::PreRelease(version)),
+        },
         Some(m) if m == MARKER_VALUE => Err(StoreError::NotHerald {
             location: location.to_string(),
             reason: format!("it has herald's marker but schema version {version}"),
@@ -187,6 +210,7 @@ fn migrate(conn: &Connection, location: &str) -> Result<(), StoreError> {
                 })
             }
             Found::Herald(v) => v,
+            Found::PreRelease(v) => return Err(pre_release(location, v)),
         };
         for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
             let version = i as i64 + 1;

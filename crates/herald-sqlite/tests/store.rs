@@ -297,6 +297,33 @@ fn open_of_a_newer_schema_is_too_new() {
     }
 }
 
+/// A file that a pre-release herald made (its marker and a schema version,
+/// but no baseline row) is refused with an error that says what to do, and
+/// left as it was.
+#[test]
+fn open_of_a_pre_release_file_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("herald.db");
+    let conn = raw(&path);
+    conn.execute_batch(
+        "CREATE TABLE herald_meta (key TEXT NOT NULL PRIMARY KEY, value TEXT NOT NULL) STRICT; \
+         INSERT INTO herald_meta (key, value) VALUES ('format', 'herald event store'); \
+         PRAGMA user_version = 5;",
+    )
+    .unwrap();
+    drop(conn);
+    let before = std::fs::read(&path).unwrap();
+    match SqliteStore::open(&path) {
+        Err(StoreError::Open { reason, .. }) => {
+            assert!(reason.contains("pre-release herald"), "{reason}");
+            assert!(reason.contains("schema version 5"), "{reason}");
+            assert!(reason.contains("move it away"), "{reason}");
+        }
+        other => panic!("expected Open, got {other:?}"),
+    }
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+}
+
 // ---------------------------------------------------------------- several connections
 
 #[tokio::test]

@@ -1,0 +1,178 @@
+-- herald's SQLite schema as of herald 0.1.0. Applied by `SqliteStore::open`
+-- inside one immediate transaction, which also sets `PRAGMA user_version`
+-- to the migration's number. Later changes add migrations (README.md).
+-- Times are INTEGER milliseconds since the Unix epoch; ids and lease tokens
+-- are 16-byte UUID BLOBs.
+--
+-- Tables are STRICT where they can be (a wrongly typed value is an error,
+-- not a silent conversion). The small tables are WITHOUT ROWID (clustered
+-- by their key). `events` is an ordinary rowid table with a unique index on
+-- its 16-byte UUIDv7 id: a lookup by id costs an index search plus a rowid
+-- search, but payloads of a kilobyte or more stay on the row's own page
+-- instead of spilling to overflow pages (a WITHOUT ROWID row keeps only
+-- about a quarter of a page local).
+
+-- Marks the file as herald's: a database with tables but without the
+-- `format` row is someone else's, and herald refuses to touch it. The
+-- `baseline` row names the release whose baseline made the file.
+CREATE TABLE herald_meta (
+    key   TEXT NOT NULL PRIMARY KEY,
+    value TEXT NOT NULL
+) STRICT, WITHOUT ROWID;
+
+INSERT INTO herald_meta (key, value) VALUES ('format', 'herald event store'), ('baseline', '0.1.0');
+
+CREATE TABLE events (
+    id               BLOB    NOT NULL PRIMARY KEY CHECK (length(id) = 16),
+    tenant           TEXT    NOT NULL,
+    handler          TEXT    NOT NULL,
+    payload          TEXT    NOT NULL,
+    -- 0 pending (waiting, or running under a lease), 1 dead, 2 done.
+    state            INTEGER NOT NULL DEFAULT 0 CHECK (state IN (0, 1, 2)),
+    run_at           INTEGER NOT NULL,
+    -- Claims so far; snoozes and shutdown give one back.
+    attempt          INTEGER NOT NULL DEFAULT 0 CHECK (attempt >= 0),
+    max_attempts     INTEGER NOT NULL CHECK (max_attempts >= 0),
+    -- The lease, live or expired; both NULL when there is none.
+    lease_token      BLOB,
+    lease_expires_at INTEGER,
+    -- When a notification was last sent (or is due to be delivered) for it.
+    -- 9223372036854775807 means "parked": a rule holds it, and removing the
+    -- rule re-notifies it (renotify_page), so the sweep does not read it.
+    notified_at      INTEGER NOT NULL,
+    idempotency_key  TEXT,
+    last_error       TEXT,
+    created_at       INTEGER NOT NULL,
+    updated_at       INTEGER NOT NULL,
+    -- When it became dead or done; NULL while pending.
+    finished_at      INTEGER,
+    -- The error history: a JSON array of {attempt, at, error} appended by
+    -- the statements that settle a failed attempt (release with an error,
+    -- bury). A column rather than a table, so that deleting a done event
+    -- stays one statement.
+    errors           TEXT,
+    -- The topic the event was emitted to; NULL for a direct emit. No index:
+    -- no hot statement filters on it.
+    topic            TEXT
+) STRICT;
+
+-- Per (tenant, handler, state): unpause/unblock paging (renotify_page),
+-- listing, and counts. With `state` in the key, renotify_page reads only
+-- the pending range instead of stepping over the dead and done rows of a
+-- handler, and counts() is a covering scan of this index. A listing of one
+-- handler across all states merges the three state ranges, each read in
+-- id order.
+CREATE INDEX events_by_handler ON events (tenant, handler, state, id);
+
+-- One live (pending) event per idempotency key.
+CREATE UNIQUE INDEX events_live_key ON events (tenant, handler, idempotency_key)
+    WHERE idempotency_key IS NOT NULL AND state = 0;
+
+-- The sweep's "not notified for a while": pending events by notified_at.
+CREATE INDEX events_to_notify ON events (notified_at) WHERE state = 0;
+
+-- The sweep's "lease expired, worker presumably dead".
+CREATE INDEX events_by_lease ON events (lease_expires_at)
+    WHERE lease_expires_at IS NOT NULL;
+
+-- Purge of dead and done events by age. finished_at is set exactly when the
+-- state is not pending, so `finished_at IS NOT NULL` is the same set as
+-- `state <> 0`; this form is implied by the purge query's
+-- `finished_at < ?`, so the planner can use the index without a redundant
+-- `state <> 0` term.
+CREATE INDEX events_finished ON events (state, finished_at)
+    WHERE finished_at IS NOT NULL;
+
+-- The (tenant, handler) pairs whose events the sweep parked. Removing the
+-- rule re-notifies them (renotify_page); if that never happens (a crash
+-- between the two), the sweep finds the pair without a rule and unparks its
+-- events, so that no event stays parked after its rule is gone.
+CREATE TABLE parked (
+    tenant  TEXT NOT NULL,
+    handler TEXT NOT NULL,
+    PRIMARY KEY (tenant, handler)
+) STRICT, WITHOUT ROWID;
+
+-- Pauses and blocks.
+CREATE TABLE rules (
+    tenant     TEXT    NOT NULL,
+    handler    TEXT    NOT NULL,
+    kind       TEXT    NOT NULL CHECK (kind IN ('pause', 'block')),
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (tenant, handler, kind)
+) STRICT, WITHOUT ROWID;
+
+-- Named leader leases (the reconciler's election).
+CREATE TABLE leaders (
+    role       TEXT    NOT NULL PRIMARY KEY,
+    holder     TEXT    NOT NULL,
+    expires_at INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
+
+-- Who is subscribed to what (docs/semantics.md, "Fan-out"). `tenant` ''
+-- means every tenant: tenant names are never empty (they are checked at
+-- emit), so '' cannot clash with one, and the primary key stays a plain
+-- NOT NULL key (a NULL would be distinct from every other NULL and let
+-- duplicates in). `source` is 'config' for `[[subscriptions]]` of
+-- herald.toml (replaced as a whole on every load) or 'api' for the API,
+-- the CLI and Client::subscribe (kept until removed).
+CREATE TABLE subscriptions (
+    topic      TEXT    NOT NULL,
+    tenant     TEXT    NOT NULL,
+    handler    TEXT    NOT NULL,
+    source     TEXT    NOT NULL CHECK (source IN ('config', 'api')),
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (topic, tenant, handler)
+) STRICT, WITHOUT ROWID;
+
+-- Schedules (docs/schedules.md): one row per (tenant, name), the
+-- definition, where it came from (`source`: 'config' for herald.toml's,
+-- replaced on reload, or 'api'), and the cursor `next_at`, the next
+-- occurrence not yet emitted. The elected scheduler moves the cursor by
+-- compare-and-set in the transaction that inserts the occurrences' events,
+-- so each occurrence is emitted once.
+CREATE TABLE schedules (
+    tenant          TEXT    NOT NULL,
+    name            TEXT    NOT NULL,
+    handler         TEXT    NOT NULL,
+    cron            TEXT,
+    every_ms        INTEGER,
+    timezone        TEXT    NOT NULL,
+    payload         TEXT    NOT NULL,
+    max_attempts    INTEGER NOT NULL,
+    missed          TEXT    NOT NULL,
+    missed_cap      INTEGER,
+    paused          INTEGER NOT NULL DEFAULT 0,
+    source          TEXT    NOT NULL,
+    next_at         INTEGER NOT NULL,
+    last_occurrence INTEGER,
+    last_event_id   BLOB,
+    created_at      INTEGER NOT NULL,
+    updated_at      INTEGER NOT NULL,
+    PRIMARY KEY (tenant, name),
+    CHECK ((cron IS NULL) <> (every_ms IS NULL))
+) WITHOUT ROWID;
+
+-- The scheduler's one query per tick: unpaused schedules by cursor.
+CREATE INDEX schedules_due ON schedules (next_at) WHERE paused = 0;
+
+-- Idempotency keys that outlive their events (ADR 0013). An emit with a
+-- key writes a row naming the event it created; a later emit with the
+-- same (tenant, handler, key) returns that event, whether it is still
+-- stored or has finished, until the row is purged. The elected
+-- reconciler's upkeep looks at rows older than the window (24 h by
+-- default), oldest first by `stored_at`: a row whose event is still live
+-- gets `stored_at` reset; one whose event is no longer live is marked
+-- `gone` with `stored_at` reset the first time, and deleted the next, so a
+-- key outlives its event's end by at least the window.
+CREATE TABLE idempotency_keys (
+    tenant     TEXT    NOT NULL,
+    handler    TEXT    NOT NULL,
+    key        TEXT    NOT NULL,
+    event_id   BLOB    NOT NULL,
+    stored_at  INTEGER NOT NULL,
+    gone       INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant, handler, key)
+) WITHOUT ROWID;
+
+CREATE INDEX idempotency_keys_by_age ON idempotency_keys (stored_at);
