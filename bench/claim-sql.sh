@@ -12,29 +12,26 @@
 # function (pg_get_functiondef) with one edit; the variants alternate,
 # ROUNDS times, and the medians are printed last:
 #
-#   schema    claim and settle_delete as migrated (since schema 10 they
-#             skip the ring leaves marked empty, and since schema 12
-#             events_cold unless the ring's leaves lacked an id: here
-#             events_1 alone is probed)
+#   schema    claim and settle_delete as migrated (they skip the ring
+#             leaves marked empty, and events_cold unless the ring's
+#             leaves lacked an id: here events_1 alone is probed)
 #   cold_too  both also probe events_cold in their first statement, as
-#             schema 11 did for every batch (schema 12 only)
+#             one statement over every non-empty leaf would
 #   leaf      both probe only the leaf that holds the events (`e.leaf = 1`):
 #             what knowing each event's leaf would save (one partition's
 #             index probed per id)
-#   all       both probe every leaf, empty or not, in one statement, as
-#             before schema 10
+#   all       both probe every leaf, empty or not, in one statement
 #   no-rules  the claim without its rule check
-#   rule-each the claim with its rule check probed per row, as before
-#             schema 8
-#   by-handler schema 8's check: once per claim, but only when no rule
-#             names the claim's handlers for any tenant (here 1,000 do, so
-#             every row is probed); schema 9 then asks about the tenants
-#             the claim names
+#   rule-each the claim with its rule check probed per row
+#   by-handler the claim's first check alone: once per claim, but only
+#             when no rule names the claim's handlers for any tenant (here
+#             1,000 do, so every row is probed); the schema's claim then
+#             asks about the tenants the claim names
 #   read      the claim's rows read and returned, not updated
 #   harness   a claim that takes nothing: the cost of building the id
 #             arrays, to subtract from the others
 #   one_token the claim writing one token for the batch (`$1[1]`) rather
-#             than each id's (`$1[array_position($3, e.id)]`, schema 14):
+#             than each id's (`$1[array_position($3, e.id)]`):
 #             what a token per event costs
 #
 # COLD=N first stores N events in events_cold that no claim takes (the
@@ -78,8 +75,8 @@ variant schema claim
 variant schema settle_delete
 variant leaf claim 's/WHERE e\.id = ANY(\$3)/WHERE e.id = ANY($3) AND e.leaf = 1/'
 variant leaf settle_delete 's/WHERE e\.id = ANY(\$1)/WHERE e.id = ANY($1) AND e.leaf = 1/'
-# The ring leaves' condition (schema 10's starts with events_cold's leaf,
-# schema 12's first statement with the ring's first leaf).
+# The ring leaves' condition (it starts with events_cold's leaf in a
+# one-statement form, with the ring's first leaf in the first of two).
 unprune='/AND (e\.leaf = \(0$\|(SELECT l\.leaf FROM ring_empty AS l WHERE l\.leaf = 1 \)/,/l\.leaf = 3 AND NOT l\.empty))/d'
 variant all claim "$unprune"
 variant all settle_delete "$unprune"

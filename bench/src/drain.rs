@@ -78,7 +78,7 @@ struct Args {
     #[arg(long)]
     lease_index: bool,
     /// PostgreSQL experiment: keep only this many of the ring's leaves
-    /// (migration 5 makes 3; the others are detached and dropped before
+    /// (the schema makes 3; the others are detached and dropped before
     /// emitting), to see what each leaf costs every statement.
     #[arg(long)]
     ring_leaves: Option<u16>,

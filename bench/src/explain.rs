@@ -3,8 +3,8 @@
 //! inspect, settle delete/release/bury, renew) and each sweep and re-notify
 //! statement, as the store sends them (`PgStore::statements`), with generic
 //! plans (what a prepared statement settles on after its first executions).
-//! A statement that calls one of herald's functions (the hot ones: migration
-//! 3) is shown by the plan of the function's statement, under the
+//! A statement that calls one of herald's functions (the hot ones,
+//! `crates/herald-postgres/sql/`) is shown by the plan of the function's statement, under the
 //! function's own planner settings, which is what runs. `--reltuples N`
 //! first sets the table's and its indexes' `reltuples` to N (deliberately
 //! wrong statistics; needs superuser).

@@ -112,7 +112,7 @@ fn quantile(v: &[u64], q: f64) -> u64 {
 }
 
 /// The events table as pg_stat_user_tables and the size functions see it:
-/// every leaf of it summed (migration 5), the newest autovacuum of any.
+/// every leaf of it summed, the newest autovacuum of any.
 async fn table_stats(
     conn: &mut PgConnection,
     schema: &str,

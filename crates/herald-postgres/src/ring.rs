@@ -1,4 +1,4 @@
-//! The ring of leaves (migration 5, ADR 0009): what a turn does, decided
+//! The ring of leaves (ADR 0009, `sql/ring.sql`): what a turn does, decided
 //! from the ring's rows and the database's clock; `PgStore::upkeep` carries
 //! it out (`store.rs`).
 //!

@@ -18,8 +18,8 @@ pub(crate) const NOW_EXPR: &str = "floor(date_part('epoch', now()) * 1000)::bigi
 /// Every hot statement reaches `events` only through the batch's ids on
 /// `events_pkey`, so that its plan stays bounded by the batch whatever the
 /// statistics say (`tests/plans.rs` checks it). They call the schema's
-/// functions (migration 3, `migrations/0003_bounded_plans.sql`, and
-/// migration 5's emit), which carry their own planner settings.
+/// functions (`sql/*.sql`; `migrations/README.md`, "Bounded plans"), which
+/// carry their own planner settings.
 ///
 /// The happy path in one statement: for each id, take the lease if the event
 /// is pending, due, unleased or expired (by the database's clock), has
@@ -28,8 +28,8 @@ pub(crate) const NOW_EXPR: &str = "floor(date_part('epoch', now()) * 1000)::bigi
 /// room. `$1` tokens (one per id of `$3`, in its order), `$2` lease in ms,
 /// `$3` ids (sorted), `$4` handlers,
 /// `$5` the tenants the notifications named (a hint: when a rule names one
-/// of `$4`, schema 9 checks the rules once per claim for these tenants and
-/// per row for any other).
+/// of `$4`, the claim checks the rules once per claim for these tenants and
+/// per row for any other; `sql/claim.sql`).
 const CLAIM: &str = "SELECT {cols} FROM {s}.claim($1, $2, $3, $4, $5) AS e{nowait}";
 
 /// Events by id with their rules, and the clock (one row with a NULL event
@@ -155,15 +155,15 @@ const RENEW: &str = "SELECT * FROM {s}.renew($1, $2, $3, $4)";
 /// stored in any leaf, or a live event with the same idempotency key)
 /// insert nothing. Each event's `run_at` is `$5` (absolute, by the
 /// database's clock) or, where that is NULL, the database's now plus `$9`
-/// ms (migration 15). `notified_at` is `run_at` (the caller publishes with
-/// that delay), kept below the parked mark. Migration 5's `emit` says how
-/// an id stays unique across the leaves.
+/// ms. `notified_at` is `run_at` (the caller publishes with that delay),
+/// kept below the parked mark. `sql/emit.sql` says how an id stays unique
+/// across the leaves.
 const EMIT: &str = "SELECT * FROM {s}.emit($1::uuid[], $2::text[], $3::text[], $4::text[], \
      $5::int8[], $6::int4[], $7::text[], $8::text[], $9::int8[])";
 
 /// [`EMIT`] for a batch with idempotency keys: the same insert, and in the
 /// same statement a key row for each keyed event it created, naming it
-/// (migration 13). A key that has a row already keeps it (two emits that
+/// (`idempotency_keys`). A key that has a row already keeps it (two emits that
 /// raced past the look-up below: the first one's row stays).
 const EMIT_KEYED: &str = "WITH ins AS (SELECT * FROM {s}.emit($1::uuid[], $2::text[], \
      $3::text[], $4::text[], $5::int8[], $6::int4[], $7::text[], $8::text[], \
@@ -210,7 +210,7 @@ const EXISTING_KEYS: &str = "SELECT * FROM {s}.existing_keys($1, $2, $3, $4)";
 const EXISTING_IDS: &str = "SELECT id FROM {s}.events WHERE id = ANY($1)";
 
 /// The statements below that touch events call the schema's functions too
-/// (migration 3), for the same reasons: bounded plans, rows taken in id
+/// (`sql/rules.sql`, `sql/sweep.sql`), for the same reasons: bounded plans, rows taken in id
 /// order.
 ///
 /// One page of a handler's pending events, stamped notified: `$1` tenant,
@@ -394,7 +394,7 @@ impl SettleKind {
     }
 }
 
-/// The ring's leaves (migration 5) and the database's clock.
+/// The ring's leaves and the database's clock.
 const RING: &str = "SELECT leaf, phase, since, {nowexpr} AS now FROM {s}.ring ORDER BY leaf";
 
 /// `$1` the filling leaf, `$2` the empty one to fill next.

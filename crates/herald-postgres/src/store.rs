@@ -20,12 +20,12 @@ use crate::rows::uuids;
 use crate::sql::SettleKind;
 use crate::PgStore;
 
-/// The most tenants a claim's hint may name (schema 9's rule check): the
-/// claim tests each row's tenant against the hint by a linear scan, about
-/// 13 ns a tenant on the benchmarks' machine (`bench/claim-sql.sh` with a
+/// The most tenants a claim's hint may name (its rule check,
+/// `sql/claim.sql`): the claim tests each row's tenant against the hint by
+/// a linear scan, about 13 ns a tenant on the benchmarks' machine (`bench/claim-sql.sh` with a
 /// 16-tenant hint), so past about 64 the scan costs what the per-row probe
 /// of `rules` it saves does. A longer hint is dropped: the rows are checked
-/// as schema 8 checked them.
+/// as if no hint was given.
 const TENANT_HINT_LIMIT: usize = 32;
 
 #[async_trait]

@@ -195,7 +195,7 @@ pub struct Routine {
 /// The statements of the functions of `schema` (quoted as `q` in `sql`)
 /// that `sql` calls, for EXPLAIN (tests/plans.rs, bench/pg-explain): each
 /// function's first statement, then each later one it returns rows of
-/// (schema 12's second statement, over events_cold).
+/// (the second statement over events_cold, `sql/claim.sql`).
 pub async fn routines(conn: &mut PgConnection, schema: &str, q: &str, sql: &str) -> Vec<Routine> {
     let rows = sqlx::query(
         "SELECT p.proname::text, p.prosrc, coalesce(p.proconfig, '{}'), \

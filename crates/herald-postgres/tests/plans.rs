@@ -41,8 +41,8 @@ async fn load(conn: &mut PgConnection, q: &str, n: i64) {
 
 /// Inserts `n` due, pending events straight into the schema, the i-th into
 /// the leaf `leaf` (SQL of `i`), and marks the ring leaves that now hold
-/// events not empty: the hot statements skip the leaves marked empty
-/// (schema 10), which only a retire's TRUNCATE makes so.
+/// events not empty: the hot statements skip the leaves marked empty,
+/// which only a retire's TRUNCATE makes so.
 async fn load_into(conn: &mut PgConnection, q: &str, n: i64, leaf: &str) {
     conn.execute(
         format!(
@@ -167,9 +167,9 @@ fn violations(node: &Value, out: &mut Vec<String>) {
             });
         // A list of leaves in the index condition too (the indexes hold
         // the leaf last) would descend once per id and listed leaf: the
-        // hot statements name the ring's leaves for run-time pruning only
-        // (schema 10). One leaf, as schema 12's second statement names
-        // events_cold's, is one descent per id, as without it.
+        // hot statements name the ring's leaves for run-time pruning only.
+        // One leaf, as the second statement names events_cold's, is one
+        // descent per id, as without it.
         let keyed = keyed && !cond.contains("leaf = ANY");
         let index_scan = matches!(kind, "Index Scan" | "Index Only Scan") && keyed;
         if !index_scan && !bitmap_of_ids {
@@ -458,7 +458,7 @@ async fn claim_probes(
     )
 }
 
-/// Schema 9: the claim probes `rules_pkey` per row only when a rule names
+/// The claim probes `rules_pkey` per row only when a rule names
 /// one of its handlers, and then only the rows whose tenant its hint does
 /// not name, or every row when a rule names a hinted tenant with one of its
 /// handlers; otherwise its once-per-claim checks leave the per-row probe
@@ -485,7 +485,7 @@ async fn the_claim_probes_rules_per_row_only_where_its_tenants_hint_cannot_vouch
     create_plan_of(&mut conn).await;
     // 64 events: tenant t(i % 4), handler h(i % 8), over the ring's leaves
     // (the claim's first statement reads those; events_cold is its
-    // second's, schema 12).
+    // second's).
     load_into(&mut conn, &q, 64, "1 + i % 3").await;
     let routine = testing::routines(&mut conn, &schema, &q, &claim)
         .await
@@ -533,11 +533,11 @@ async fn the_claim_probes_rules_per_row_only_where_its_tenants_hint_cannot_vouch
     let _ = conn.close().await;
 }
 
-/// Schema 10: the claim, the settles and the renewal probe no ring leaf
+/// The claim, the settles and the renewal probe no ring leaf
 /// marked empty (run-time pruning leaves its scan unexecuted), and probe a
 /// leaf again once a flip makes it filling. Their first statement leaves
-/// events_cold out (schema 12: a second statement looks there, when
-/// needed; the next test).
+/// events_cold out (a second statement looks there, when needed; the next
+/// test).
 #[tokio::test]
 async fn the_hot_statements_skip_the_empty_leaves() {
     let Some((store, guard)) = testing::fresh_schema(&testing::test_name()).await else {
@@ -658,7 +658,7 @@ async fn rows_and_cold_scans(conn: &mut PgConnection, q: &str, call: &str) -> (i
     (rows, cold_scans(conn, q).await - before)
 }
 
-/// Schema 12: the claim, the settles and the renewal look in events_cold
+/// The claim, the settles and the renewal look in events_cold
 /// only when the ring's leaves did not give them a row for every id: a
 /// batch the filling leaf holds whole never scans it; a batch with ids in
 /// events_cold, or one whose fence fails, does, and finds what is there.

@@ -1,4 +1,4 @@
-//! The ring of leaves (migration 5): turns lose nothing and store nothing
+//! The ring of leaves (`sql/ring.sql`): turns lose nothing and store nothing
 //! twice, whatever races them, and a retired leaf's storage is gone even
 //! while another transaction holds a snapshot open.
 
@@ -464,7 +464,7 @@ async fn events_that_will_not_run_soon_go_straight_to_the_cold_leaf() {
     assert_eq!(leaves.get(&filling(&store).await), Some(&2), "{leaves:?}");
 }
 
-/// Schema 10: the claim and the settles skip the ring leaves marked empty.
+/// The claim and the settles skip the ring leaves marked empty.
 /// Events emitted while the ring turns under them, claimed and settled as
 /// they arrive, are each claimed once and settled, and none is left in a
 /// leaf the statements skipped (with a stale mark, the events of a leaf
@@ -579,7 +579,7 @@ async fn claim_one(store: &PgStore, id: EventId, token: LeaseToken) -> usize {
         .len()
 }
 
-/// Migration 11: a retire TRUNCATEs a leaf that held rows (here one event,
+/// A retire TRUNCATEs a leaf that held rows (here one event,
 /// run and deleted: no live row, a dead one), and leaves a leaf nothing was
 /// stored in alone, only marking it empty; the ring goes on turning and
 /// storing events.

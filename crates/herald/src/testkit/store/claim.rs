@@ -120,7 +120,7 @@ pub async fn claim_skips_a_paused_event(store: Arc<dyn Store>) {
 
 /// PauseCheck in a claim of several handlers: a rule holds only the rows it
 /// names, whether or not it names a handler the claim may take (a store may
-/// check the rules once per claim when none does: schema 8 in PostgreSQL).
+/// check the rules once per claim when none does, as PostgreSQL's claim does).
 pub async fn claim_checks_rules_row_by_row_across_handlers(store: Arc<dyn Store>) {
     let store = store.as_ref();
     let free = emit_one(store, new_event("t", "h")).await;
