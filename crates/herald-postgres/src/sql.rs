@@ -70,7 +70,7 @@ const NOWAIT: &str = ", set_config('synchronous_commit', 'off', true) AS nowait"
 /// settle whose unflushed commit a crash of the PostgreSQL server loses
 /// leaves the event as it was before: it is claimed and run again, a
 /// duplicate run that at-least-once delivery already allows, never a lost
-/// event. docs/adr/0012-unflushed-run-commits.md says what each choice
+/// event. docs/adr/0014-emit-path-defaults.md says what each choice
 /// saves and costs, and why claims skip the flush by default.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RunCommits {

@@ -355,7 +355,7 @@ async fn hot_statements_stay_bounded_by_the_batch_under_any_statistics() {
                 }
                 for (what, plan) in plans {
                     checked += 1;
-                    // PLANS=print: every plan's shape, for reading (issue 11's note).
+                    // PLANS=print: every plan's shape, for reading.
                     if std::env::var_os("PLANS").is_some_and(|v| v == "print") {
                         println!("{what} [{how}, {mode}]: {}", shape(&plan));
                     }

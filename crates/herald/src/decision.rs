@@ -1,6 +1,6 @@
 //! The worker's decision, as pure functions of plain data that return whole answers.
 //!
-//! This file is DESIGN.md's decision table in code. A notification arrives;
+//! This file is docs/semantics.md's decision table in code. A notification arrives;
 //! the worker first tries the one-statement claim (`Store::claim`: due,
 //! pending, unleased or expired, attempts left, a known handler, no rule).
 //! Only when that claims nothing does it load the event and ask [`admit`]
@@ -44,7 +44,7 @@
 //! "LockClaim, lost" is [`Verdict::Claim`]: [`admit`] is asked only about
 //! events the claim statement just refused, so an event it finds claimable
 //! changed in between: another worker won it. The `HandlerCheck` and the
-//! exhausted-`LockCheck` rows go beyond DESIGN.md; `docs/semantics.md` says why.
+//! exhausted-`LockCheck` rows are herald's own; `docs/semantics.md` says why.
 
 use std::time::Duration;
 

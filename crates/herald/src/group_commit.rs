@@ -33,7 +33,7 @@ use crate::store::{Store, StoreError, StoreResult};
 /// How many grouped store writes may run at once by default: see
 /// [`crate::Client::group_commit`].
 /// Two, not four: on 2 cores four writes at once cost PostgreSQL more CPU
-/// per event and added latency (ADR 0011, "Two writes, not four").
+/// per event and added latency (ADR 0014).
 pub const DEFAULT_GROUP_COMMIT_WRITES: usize = 2;
 
 /// The most events one group holds; an emit of this many or more is

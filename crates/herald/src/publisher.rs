@@ -33,7 +33,7 @@ pub const DEFAULT_NOTIFY_LINGER: Duration = Duration::from_millis(1);
 /// publish per commit), so a commit's notifications should not wait out
 /// the previous commit's broker round trip (NATS's ack, about half a
 /// millisecond); a broker far away (Pub/Sub, tens of milliseconds) still
-/// has its publishes grouped once four are in flight (ADR 0011).
+/// has its publishes grouped once four are in flight (ADR 0014).
 pub const DEFAULT_NOTIFY_PUBLISHES: usize = 4;
 
 /// How long an emit waits at most for its notifications' publish, by
