@@ -22,7 +22,8 @@
 #   BACKLOG paused over 1,000 tenants); hold-tx (clean while a transaction
 #   holds an xid); latency (each of RATES for LATENCY_SECONDS); idle
 #   (IDLE_SECONDS); long-horizon (LH_RATE/s of a LH_WORK_MS handler for
-#   LH_SECONDS, the tables sampled every LH_SAMPLE s); rescue (a victim
+#   LH_SECONDS, the tables sampled every LH_SAMPLE s; with LH_HOLD, a
+#   transaction holds an xid for LH_HOLD s from LH_HOLD_AT); rescue (a victim
 #   holding RESCUE_EVENTS is SIGKILLed, a second process runs them within
 #   RESCUE_TIMEOUT s); emit (herald only: single emits, then batches).
 # HERALD_WORKER_CONCURRENCY (512), HERALD_WORKER_CLAIM_AHEAD (4096) and any
@@ -49,6 +50,8 @@ LH_RATE=${LH_RATE:-1000}
 LH_SECONDS=${LH_SECONDS:-600}
 LH_WORK_MS=${LH_WORK_MS:-1}
 LH_SAMPLE=${LH_SAMPLE:-5}
+LH_HOLD=${LH_HOLD:-0}
+LH_HOLD_AT=${LH_HOLD_AT:-$((LH_SECONDS / 3))}
 # herald sized for short handlers, as every peer is sized by its own
 # throughput advice (docs/serve.md, "Sizing"); knobs land in each result.
 export HERALD_WORKER_CONCURRENCY=${HERALD_WORKER_CONCURRENCY:-512}
@@ -144,7 +147,7 @@ psql -qX "$ADMIN_URL" -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"
   # Only the cases that run: a header naming a long horizon that did not
   # run reads as if it had.
   case " $CASES ${OTHER_CASES:-} " in
-    *" long-horizon "*) echo "long horizon: rate=$LH_RATE seconds=$LH_SECONDS work_ms=$LH_WORK_MS sample=$LH_SAMPLE" ;;
+    *" long-horizon "*) echo "long horizon: rate=$LH_RATE seconds=$LH_SECONDS work_ms=$LH_WORK_MS sample=$LH_SAMPLE hold=$LH_HOLD hold_at=$LH_HOLD_AT" ;;
   esac
   case " $CASES ${OTHER_CASES:-} " in
     *" rescue "*) echo "rescue: events=$RESCUE_EVENTS timeout=$RESCUE_TIMEOUT" ;;
@@ -199,6 +202,19 @@ sample_tables() {
   done
 }
 
+# A transaction that holds an xid in database $1 for LH_HOLD s from
+# LH_HOLD_AT s on (vacuum can clean nothing behind it); ended at the
+# run's end by release_hold if it still runs.
+hold_tx() {
+  sleep "$LH_HOLD_AT"
+  PGAPPNAME=bench-hold-tx psql -qX "${ADMIN_URL%/*}/$1" \
+    -c "BEGIN; SELECT txid_current(); SELECT pg_sleep($LH_HOLD); COMMIT;" >/dev/null 2>&1 || true
+}
+release_hold() {
+  psql -qXtA "$ADMIN_URL" -c "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+    WHERE application_name = 'bench-hold-tx'" >/dev/null
+}
+
 # begin_run SYSTEM CASE NAME: a fresh database and run directory; sets
 # dir, db, url, RUN_ID and broker.
 begin_run() {
@@ -240,7 +256,7 @@ end_run() {
 # latency run's SYSTEM.latency.RATE.runK.
 run() {
   local system=$1 case=$2 scenario=$3; shift 3
-  local name=$system.$case dir db url broker sampler=
+  local name=$system.$case dir db url broker sampler= holder=
   [ "$scenario" = latency ] && name=$name.$(echo "$@" | sed -n 's/.*--rate \([0-9]*\).*/\1/p')
   name=$name${RUN_SUFFIX:-}
   begin_run "$system" "$case" "$name"
@@ -251,11 +267,13 @@ run() {
   if [ "$scenario" = long-horizon ]; then
     sample_tables "$db" "$dir/samples.csv" &
     sampler=$!
+    if [ "$LH_HOLD" != 0 ]; then hold_tx "$db" & holder=$!; fi
   fi
   start_process "$case" "${cmd[@]}"
   local rc=0
   wait "$(cat "$dir/pid")" || rc=$?
   [ -z "$sampler" ] || { kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null || true; }
+  [ -z "$holder" ] || { kill "$holder" 2>/dev/null; release_hold; wait "$holder" 2>/dev/null || true; }
   end_run $rc
 }
 
