@@ -273,7 +273,7 @@ run() {
   local rc=0
   wait "$(cat "$dir/pid")" || rc=$?
   [ -z "$sampler" ] || { kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null || true; }
-  [ -z "$holder" ] || { kill "$holder" 2>/dev/null; release_hold; wait "$holder" 2>/dev/null || true; }
+  [ -z "$holder" ] || { kill "$holder" 2>/dev/null || true; release_hold; wait "$holder" 2>/dev/null || true; }
   end_run $rc
 }
 
