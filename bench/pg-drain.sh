@@ -23,6 +23,11 @@ EXTRA=${EXTRA:-}
 # overrides.
 PG_CPU=${PG_CPU:-$PWD/../shared/tools/pg-cpu}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
+# The worker these measurements use: 1,024 handlers, claims of 512, a pool
+# of 16 (any HERALD_ variable set overrides them).
+export HERALD_WORKER_CONCURRENCY=${HERALD_WORKER_CONCURRENCY:-1024}
+export HERALD_WORKER_BATCH=${HERALD_WORKER_BATCH:-512}
+export HERALD_PG_MAX_CONNECTIONS=${HERALD_PG_MAX_CONNECTIONS:-16}
 [ -x "$PG_CPU" ] || { echo "no pg-cpu at $PG_CPU: set PG_CPU=PATH" >&2; exit 2; }
 cargo build --release -q -p herald-bench --bin herald-peer
 PEER=$CARGO_TARGET_DIR/release/herald-peer
