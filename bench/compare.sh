@@ -1,51 +1,40 @@
 #!/usr/bin/env bash
-# herald beside the other queues (bench/peers/), in one sitting, on one
-# PostgreSQL: a throwaway cluster configured like a production server
-# (bench/lib/cluster.sh) with pg_stat_statements loaded. Every system runs
-# every case in a fresh database of its own, one after another; the hook
-# bench/lib/mark.sh reads PostgreSQL's CPU, the statements and each
-# process's CPU at the same phases for all of them. Then `herald bench
-# report` turns the runs into one table (Markdown) and charts (SVG).
+# herald beside the other queues (bench/peers/), in one sitting, on a
+# throwaway PostgreSQL configured like a production server
+# (bench/lib/cluster.sh) with pg_stat_statements. Every system runs every
+# case in a fresh database of its own, one after another, through the
+# contract of bench/peers/README.md (herald's peer is `herald-peer`,
+# bench/src/peer); the hook bench/lib/mark.sh reads PostgreSQL's CPU, the
+# statements and each process's CPU at the same phases for all. Then
+# `report` (bench/src/report) writes OUT/report.md and its SVG charts.
 #
 #   bench/compare.sh                                  # everything (about an hour)
 #   SYSTEMS="herald-memory skip-locked" CASES="clean latency" bench/compare.sh
 #   EVENTS=50000 BACKLOG=1000000 RATES="500 2000" bench/compare.sh
 #
-# SYSTEMS: herald-sqlite herald-memory herald-nats herald-pubsub skip-locked
-#   awa graphile-worker-rs apalis graphile-worker-js pg-boss (herald-sqlite
-#   runs on its own file: only its drain, latency and emit figures mean
-#   anything; herald-nats needs nats-server and herald-pubsub the Pub/Sub
-#   emulator, each started here when missing and stopped after).
-# CASES: clean (drain EVENTS), delayed (BACKLOG_EVENTS behind BACKLOG
-#   delayed a day),
-#   paused (behind BACKLOG of paused handlers over 1,000 tenants, due
-#   earlier: herald only, the peers have no per-tenant pause), hold-tx (the
-#   clean drain while a transaction holds an xid), stale (the delayed drain
-#   with statistics taken while only the backlog was stored), mid-analyze
-#   (the delayed drain with an ANALYZE half-way), latency (each of RATES for
-#   LATENCY_SECONDS), idle (IDLE_SECONDS with nothing to do), long-horizon
-#   (LH_RATE jobs/s of a LH_WORK_MS handler for LH_SECONDS, the database's
-#   dead tuples and size sampled every LH_SAMPLE s into samples.csv),
-#   rescue (a victim process holding RESCUE_EVENTS jobs is SIGKILLed; a
-#   second process runs them, for at most RESCUE_TIMEOUT s), emit (herald
-#   only: `herald bench emit`, 20,000 single emits 32 at a time, then
-#   200,000 in batches of 1,000; the peers' contract has no emit case).
-# HERALD_WORKER_CONCURRENCY (512) and HERALD_WORKER_CLAIM_AHEAD (4096): herald's
-#   throughput sizing; any other HERALD_ variable applies too.
-# FULL_SYSTEMS and OTHER_CASES: to shorten a sitting, the systems not in
-#   FULL_SYSTEMS (default: all) run OTHER_CASES instead of CASES.
-# REPEAT (1): how many times each drain case runs, each time in a fresh
-#   database, in rounds (every system's repeats interleaved, see the main
-#   loop); the report gives the median and the range. REPEAT_CASES
-#   (default every drain case; add `latency` to repeat each of its rates)
-#   and REPEAT_SYSTEMS (default all) narrow it.
-# PUBSUB_PULL (unary): how herald-pubsub pulls from the emulator, which
-#   keeps serving a killed process's streaming pull (docs/pubsub.md, "The
-#   emulator, and where it differs"); streaming is the real service's default.
-# OUT (default bench-results/compare-DATE), PORT (54331), PG_CPU,
-# PEERS_TARGET (the peers' cargo target directory, default target/peers),
-# BUILD=0 (use the binaries already built), WARM=0 (do not touch the
-# memory first, bench/lib/warm-memory.sh).
+# SYSTEMS: herald-memory herald-nats herald-pubsub herald-sqlite skip-locked
+#   awa graphile-worker-rs apalis graphile-worker-js pg-boss. herald-sqlite
+#   runs on its own file (only drain, latency and emit mean anything);
+#   nats-server and the Pub/Sub emulator are started when missing.
+# CASES: clean (drain EVENTS); delayed, stale, mid-analyze (BACKLOG_EVENTS
+#   behind BACKLOG delayed a day; stale: statistics taken on the backlog
+#   alone; mid-analyze: an ANALYZE half-way); paused (herald only: behind
+#   BACKLOG paused over 1,000 tenants); hold-tx (clean while a transaction
+#   holds an xid); latency (each of RATES for LATENCY_SECONDS); idle
+#   (IDLE_SECONDS); long-horizon (LH_RATE/s of a LH_WORK_MS handler for
+#   LH_SECONDS, the tables sampled every LH_SAMPLE s; with LH_HOLD, a
+#   transaction holds an xid for LH_HOLD s from LH_HOLD_AT); rescue (a victim
+#   holding RESCUE_EVENTS is SIGKILLed, a second process runs them within
+#   RESCUE_TIMEOUT s); emit (herald only: single emits, then batches).
+# HERALD_WORKER_CONCURRENCY (512), HERALD_WORKER_CLAIM_AHEAD (4096) and any
+#   other HERALD_ variable: herald's settings.
+# FULL_SYSTEMS/OTHER_CASES: systems not in FULL_SYSTEMS run OTHER_CASES.
+# REPEAT (1): runs of each drain case, in rounds across systems; the report
+#   gives median and range. REPEAT_CASES and REPEAT_SYSTEMS narrow it.
+# PUBSUB_PULL (unary): how herald-pubsub pulls from the emulator
+#   (docs/pubsub.md). OUT (bench-results/compare-DATE), PORT (54331),
+#   PG_CPU, PEERS_TARGET (target/peers), BUILD=0 (use the binaries built),
+#   WARM=0 (skip bench/lib/warm-memory.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -61,6 +50,8 @@ LH_RATE=${LH_RATE:-1000}
 LH_SECONDS=${LH_SECONDS:-600}
 LH_WORK_MS=${LH_WORK_MS:-1}
 LH_SAMPLE=${LH_SAMPLE:-5}
+LH_HOLD=${LH_HOLD:-0}
+LH_HOLD_AT=${LH_HOLD_AT:-$((LH_SECONDS / 3))}
 # herald sized for short handlers, as every peer is sized by its own
 # throughput advice (docs/serve.md, "Sizing"); knobs land in each result.
 export HERALD_WORKER_CONCURRENCY=${HERALD_WORKER_CONCURRENCY:-512}
@@ -79,9 +70,9 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 
 echo "== building (load $(cut -d' ' -f1-3 /proc/loadavg))"
-HERALD=$CARGO_TARGET_DIR/release/herald
+BIN=$CARGO_TARGET_DIR/release
 PEERS_TARGET=${PEERS_TARGET:-$CARGO_TARGET_DIR/peers}
-[ "${BUILD:-1}" = 0 ] || cargo build --release -q -p herald-server --bin herald
+[ "${BUILD:-1}" = 0 ] || cargo build --release -q -p herald-bench --bin herald-peer --bin report
 for s in $SYSTEMS; do
   [ "${BUILD:-1}" = 0 ] && break
   dir=bench/peers/$s
@@ -156,7 +147,7 @@ psql -qX "$ADMIN_URL" -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"
   # Only the cases that run: a header naming a long horizon that did not
   # run reads as if it had.
   case " $CASES ${OTHER_CASES:-} " in
-    *" long-horizon "*) echo "long horizon: rate=$LH_RATE seconds=$LH_SECONDS work_ms=$LH_WORK_MS sample=$LH_SAMPLE" ;;
+    *" long-horizon "*) echo "long horizon: rate=$LH_RATE seconds=$LH_SECONDS work_ms=$LH_WORK_MS sample=$LH_SAMPLE hold=$LH_HOLD hold_at=$LH_HOLD_AT" ;;
   esac
   case " $CASES ${OTHER_CASES:-} " in
     *" rescue "*) echo "rescue: events=$RESCUE_EVENTS timeout=$RESCUE_TIMEOUT" ;;
@@ -171,18 +162,18 @@ sleep "$IDLE_SECONDS"
 echo "idle cluster, no client: $(( ($("$PG_CPU" --now) - before) * 1000 / hz )) ms PG CPU in $IDLE_SECONDS s" >>"$OUT/machine.txt"
 cat "$OUT/machine.txt"
 
-# The command line of SYSTEM for SCENARIO (drain, latency, idle) with
-# extra contract flags; herald's own flags differ, so they are mapped here.
+# The command line of SYSTEM for SCENARIO with extra contract flags;
+# herald's adds its store and queue.
 command_of() {
   local system=$1 scenario=$2 url=$3; shift 3
   case $system in
     herald-*)
-      local store=$url queue=memory
-      [ "$system" = herald-sqlite ] && store=sqlite
+      local queue=memory
+      [ "$system" = herald-sqlite ] && url=sqlite
       [ "$system" = herald-nats ] && queue=nats://127.0.0.1:4222
       # The emulator keeps topics until it stops: one of its own per run.
       [ "$system" = herald-pubsub ] && queue="pubsub://herald-bench/compare-$RUN_ID?subscription=compare-$RUN_ID-workers"
-      echo "$HERALD" bench "$scenario" --store "$store" --queue "$queue" --dir "$OUT" "$@" ;;
+      echo "$BIN/herald-peer" --url "$url" --scenario "$scenario" --queue "$queue" --dir "$OUT" "$@" ;;
     *)
       local dir=bench/peers/$system
       if [ -f "$dir/package.json" ]; then
@@ -209,6 +200,19 @@ sample_tables() {
     [ -n "$row" ] && echo "$(( ($(date +%s%3N) - t0) / 1000 )),$row" >>"$out"
     sleep "$LH_SAMPLE"
   done
+}
+
+# A transaction that holds an xid in database $1 for LH_HOLD s from
+# LH_HOLD_AT s on (vacuum can clean nothing behind it); ended at the
+# run's end by release_hold if it still runs.
+hold_tx() {
+  sleep "$LH_HOLD_AT"
+  PGAPPNAME=bench-hold-tx psql -qX "${ADMIN_URL%/*}/$1" \
+    -c "BEGIN; SELECT txid_current(); SELECT pg_sleep($LH_HOLD); COMMIT;" >/dev/null 2>&1 || true
+}
+release_hold() {
+  psql -qXtA "$ADMIN_URL" -c "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+    WHERE application_name = 'bench-hold-tx'" >/dev/null
 }
 
 # begin_run SYSTEM CASE NAME: a fresh database and run directory; sets
@@ -252,7 +256,7 @@ end_run() {
 # latency run's SYSTEM.latency.RATE.runK.
 run() {
   local system=$1 case=$2 scenario=$3; shift 3
-  local name=$system.$case dir db url broker sampler=
+  local name=$system.$case dir db url broker sampler= holder=
   [ "$scenario" = latency ] && name=$name.$(echo "$@" | sed -n 's/.*--rate \([0-9]*\).*/\1/p')
   name=$name${RUN_SUFFIX:-}
   begin_run "$system" "$case" "$name"
@@ -263,11 +267,13 @@ run() {
   if [ "$scenario" = long-horizon ]; then
     sample_tables "$db" "$dir/samples.csv" &
     sampler=$!
+    if [ "$LH_HOLD" != 0 ]; then hold_tx "$db" & holder=$!; fi
   fi
   start_process "$case" "${cmd[@]}"
   local rc=0
   wait "$(cat "$dir/pid")" || rc=$?
   [ -z "$sampler" ] || { kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null || true; }
+  [ -z "$holder" ] || { kill "$holder" 2>/dev/null || true; release_hold; wait "$holder" 2>/dev/null || true; }
   end_run $rc
 }
 
@@ -362,5 +368,5 @@ for ROUND in $(seq 1 "$REPEAT"); do
     done
   done
 done
-"$HERALD" bench report "$OUT"
+"$BIN/report" "$OUT"
 echo "results: $OUT/report.md (and its charts, runs/ for every run's output)"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What herald's no-op drain costs PostgreSQL, per queue and worker size:
-# `herald bench drain` on a throwaway production-like cluster
+# `herald-peer --scenario drain` on a throwaway production-like cluster
 # (bench/lib/cluster.sh: autovacuum on, synchronous_commit on) with
 # pg_stat_statements, read by compare.sh's hook (bench/lib/mark.sh): an
 # ANALYZE as the drain starts (after the untimed emits), the statements
@@ -17,11 +17,11 @@
 #
 # SIZES: worker sizes, CONCURRENCY/CLAIM_AHEAD (default 512/4096, as in
 # compare.sh): how much of the drain's rate and PostgreSQL CPU is the claim
-# size. DRAIN_ARGS: more `herald bench drain` flags (a backlog, as
+# size. DRAIN_ARGS: more `herald-peer` drain flags (a backlog, as
 # compare.sh's hard cases have); CASE (clean) what the hook does besides,
 # as in compare.sh (stale: VACUUM ANALYZE after the backlog, no ANALYZE at
 # drain-start). STATEMENTS=0 prints the summary lines alone. BUILD=0 uses
-# the binary already built, HERALD=PATH another one. PERF=DIR profiles
+# the binary already built, PEER=PATH another one. PERF=DIR profiles
 # herald's own process over each drain (bench/lib/perf-mark.sh) into
 # DIR/RUN.QUEUE.SIZE.data, for `perf report -i FILE --no-children`
 # (PERF_ALL=1: every process on the machine, PostgreSQL's backends too).
@@ -36,8 +36,8 @@ PORT=${PORT:-54333}
 PG_CPU=${PG_CPU:-$ROOT/../shared/tools/pg-cpu}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 [ -x "$PG_CPU" ] || { echo "no pg-cpu at $PG_CPU: set PG_CPU=PATH" >&2; exit 2; }
-[ "${BUILD:-1}" = 0 ] || cargo build --release -q -p herald-server --bin herald
-HERALD=${HERALD:-$CARGO_TARGET_DIR/release/herald}
+[ "${BUILD:-1}" = 0 ] || cargo build --release -q -p herald-bench --bin herald-peer
+PEER=${PEER:-$CARGO_TARGET_DIR/release/herald-peer}
 work=$(mktemp -d /tmp/herald-drain-statements.XXXXXX)
 # shellcheck source=lib/cluster.sh
 source bench/lib/cluster.sh
@@ -63,7 +63,7 @@ for run in $(seq 1 "$RUNS"); do
       # shellcheck disable=SC2086
       MARKS=$out/marks BROKER=$broker PEER_PID_FILE=$out/pid \
         HERALD_WORKER_CONCURRENCY=${size%/*} HERALD_WORKER_CLAIM_AHEAD=${size#*/} \
-        "$HERALD" bench drain --store "$DB_URL" --queue "$queue" --events "$EVENTS" ${DRAIN_ARGS:-} \
+        "$PEER" --scenario drain --url "$DB_URL" --queue "$queue" --events "$EVENTS" ${DRAIN_ARGS:-} \
         --hook "$hook" >"$out/stdout" 2>"$out/stderr" &
       echo $! >"$out/pid"
       wait $! || { cat "$out/stderr" >&2; exit 1; }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The phase hook of bench/compare.sh: `mark.sh PHASE`, called by herald
-# bench and by every peer (bench/peers/README.md) at each phase of a run.
+# The phase hook of bench/compare.sh: `mark.sh PHASE`, called by
+# herald-peer and by every peer (bench/peers/README.md) at each phase of a run.
 # It appends one line to $MARKS:
 #
 #   PHASE WALL_MS PG_CPU_MS STATEMENTS PEER_CPU_MS BROKER_CPU_MS BUFFERS
@@ -115,8 +115,7 @@ pg_ms=$(( $("$PG_CPU" --now) * 1000 / hz ))
 # holds `PID TICKS TITLE` per server process, and for the postmaster also
 # `PID TICKS exited children` (what its ended children spent: an
 # autovacuum worker's run ends so), after a first line `# hz N` (the
-# ticks' clock rate); bench/pg-cpu-split.sh and the report (its
-# own-connections table) read them.
+# ticks' clock rate); bench/pg-cpu-split.sh reads them.
 case $phase in
   drain-start|drain-end|run-start|run-end)
     echo "# hz $hz" >"$(dirname "$MARKS")/pg-cpu.$phase"

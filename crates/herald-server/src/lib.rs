@@ -1,11 +1,10 @@
 //! herald's server as a library: the configuration of `herald serve`
 //! ([`config`]), its handler kinds, webhook and command ([`handlers`]), the
 //! server with its HTTP API and dashboard ([`serve`]), and the commands of
-//! the `herald` program ([`cli`], [`demo`], [`migrate`], [`bench`]). `main.rs` parses
+//! the `herald` program ([`cli`], [`demo`], [`migrate`]). `main.rs` parses
 //! the command line and calls these; a Rust program that embeds herald can
 //! call them too.
 
-pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod demo;

@@ -1,7 +1,7 @@
 //! The `herald` program: its command line, logging and exit codes; the
 //! commands themselves are in the `herald_server` library.
 
-use herald_server::{bench, cli, demo, handlers, migrate, serve};
+use herald_server::{cli, demo, handlers, migrate, serve};
 
 use clap::{Parser, Subcommand};
 
@@ -45,9 +45,6 @@ enum Command {
     /// Run workers, the HTTP API and /metrics, from herald.toml, HERALD_…
     /// variables and flags; with none, on ./herald.db and the in-process queue.
     Serve(serve::ServeArgs),
-    /// Benchmarks on a fresh store and queue: drain, latency, emit, idle
-    /// (results as JSON; see `herald bench SCENARIO --help`).
-    Bench(bench::BenchArgs),
     /// Emit one event through a running server; prints its id.
     Emit(cli::emit::EmitArgs),
     /// List, show, retry or delete events on a running server.
@@ -123,7 +120,6 @@ fn main() -> std::process::ExitCode {
             Command::Demo(args) => demo::run(args).await.map_err(|e| other(e.to_string())),
             Command::Migrate(args) => migrate::run(args).await.map_err(|e| other(e.to_string())),
             Command::Serve(args) => serve::run(args).await.map_err(|e| other(e.to_string())),
-            Command::Bench(args) => bench::run(args).await.map_err(|e| other(e.to_string())),
             Command::Emit(args) => exit(cli::emit::run(args).await),
             Command::Events(command) => exit(cli::events::run(command).await),
             Command::Schedules(command) => exit(cli::schedules::run(command).await),

@@ -59,7 +59,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR")]
     listen: Option<String>,
     /// Also run a handler of this name that does nothing and succeeds:
-    /// for benchmarks and smoke tests. Repeatable.
+    /// for smoke tests of a deployment and for benchmarks. Repeatable.
     #[arg(long = "noop-handler", value_name = "NAME")]
     noop_handlers: Vec<String>,
 }
@@ -292,7 +292,7 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
 }
 
 /// Connects to the configured queue.
-pub(crate) async fn connect_queue(config: &ServeConfig) -> Result<Arc<dyn Queue>, ServeError> {
+pub async fn connect_queue(config: &ServeConfig) -> Result<Arc<dyn Queue>, ServeError> {
     let failed = |error| ServeError::Queue {
         location: config.queue.to_string(),
         error,
@@ -326,8 +326,8 @@ fn stable_name(addr: std::net::SocketAddr) -> String {
     format!("{host}@{addr}")
 }
 
-/// Opens the configured store.
-pub(crate) async fn open_store(config: &ServeConfig) -> Result<Arc<dyn Store>, StoreError> {
+/// Opens the configured store, as `herald serve` does.
+pub async fn open_store(config: &ServeConfig) -> Result<Arc<dyn Store>, StoreError> {
     Ok(match &config.store {
         StoreLocation::Sqlite(path) => {
             let path = path.clone();

@@ -9,40 +9,16 @@ use herald::{EmitOptions, EmitRequest};
 use serde_json::json;
 use tokio::sync::Semaphore;
 
-use super::drain::progress;
-use super::report::{cpu_ms, process_cpu};
+use super::result::{cpu_ms, process_cpu};
 use super::setup::{Bench, Fresh, HANDLER};
-use super::{BenchError, Report, Target};
+use super::{Args, BenchError, Report};
 
-/// Options of `herald bench emit`.
-#[derive(clap::Args, Debug)]
-pub struct EmitArgs {
-    /// Single emits.
-    #[arg(long, default_value_t = 20_000)]
-    single: u64,
-    /// Events emitted in batches.
-    #[arg(long, default_value_t = 200_000)]
-    batched: u64,
-    /// Events per batch.
-    #[arg(long, default_value_t = 1000)]
-    batch_size: u64,
-    /// Single emits in flight at most.
-    #[arg(long, default_value_t = 32)]
-    in_flight: usize,
-    /// Tenants the events are spread over.
-    #[arg(long, default_value_t = 16)]
-    tenants: u64,
-    #[command(flatten)]
-    target: Target,
-}
-
-pub(super) async fn run(args: EmitArgs) -> Result<Report, BenchError> {
+pub(super) async fn run(args: &Args) -> Result<Report, BenchError> {
     let bench = Bench::open(&args.target, Fresh::Empty).await?;
     let tenants = args.tenants.max(1);
     let cpu = process_cpu();
 
     bench.hook.call("single-start").await?;
-    let bar = progress(args.single, "single emits");
     let gate = Arc::new(Semaphore::new(args.in_flight.max(1)));
     let t = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
@@ -63,19 +39,15 @@ pub(super) async fn run(args: EmitArgs) -> Result<Report, BenchError> {
         });
         while let Some(done) = tasks.try_join_next() {
             done.expect("emit task")?;
-            bar.inc(1);
         }
     }
     while let Some(done) = tasks.join_next().await {
         done.expect("emit task")?;
-        bar.inc(1);
     }
     let single = t.elapsed().as_secs_f64();
-    bar.finish_and_clear();
     bench.hook.call("single-end").await?;
 
     bench.hook.call("batched-start").await?;
-    let bar = progress(args.batched, "batched emits");
     let size = args.batch_size.max(1);
     let t = Instant::now();
     for start in (0..args.batched).step_by(size as usize) {
@@ -89,14 +61,12 @@ pub(super) async fn run(args: EmitArgs) -> Result<Report, BenchError> {
             })
             .collect();
         bench.client.emit_batch(batch).await?;
-        bar.inc(n);
     }
     let batched = t.elapsed().as_secs_f64();
-    bar.finish_and_clear();
     bench.hook.call("batched-end").await?;
     let cpu = cpu_ms(cpu, process_cpu());
 
-    let stored: u64 = bench.client.counts().await?.iter().map(|c| c.count).sum();
+    let stored = bench.stored().await?;
     if stored != args.single + args.batched {
         return Err(BenchError::Failed(format!(
             "{stored} events stored, not the {} emitted",

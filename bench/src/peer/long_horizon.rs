@@ -9,40 +9,17 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::latency::{now_micros, offer, Pace, Stamp};
-use super::report::{cpu_ms, process_cpu, Percentiles, Window};
+use super::result::{cpu_ms, process_cpu, Percentiles, Window};
 use super::setup::{Bench, Fresh};
-use super::{BenchError, Report, Target};
-
-/// Options of `herald bench long-horizon`.
-#[derive(clap::Args, Debug)]
-pub struct LongHorizonArgs {
-    /// Events per second to offer.
-    #[arg(long, default_value_t = 1000.0)]
-    rate: f64,
-    /// Seconds to offer for.
-    #[arg(long, default_value_t = 600.0)]
-    seconds: f64,
-    /// Milliseconds each handler works (sleeps) after it starts.
-    #[arg(long, default_value_t = 1.0)]
-    work_ms: f64,
-    /// Seconds per window of the per-window figures.
-    #[arg(long, default_value_t = 10.0)]
-    window: f64,
-    /// Emits in flight at most.
-    #[arg(long, default_value_t = 32)]
-    in_flight: usize,
-    /// Tenants the events are spread over.
-    #[arg(long, default_value_t = 16)]
-    tenants: u64,
-    #[command(flatten)]
-    target: Target,
-}
+use super::{Args, BenchError, Report};
 
 /// How long the last events may take to run after offering ends.
 const SETTLE: Duration = Duration::from_secs(60);
 
-pub(super) async fn run(args: LongHorizonArgs) -> Result<Report, BenchError> {
-    if !(args.rate > 0.0 && args.seconds > 0.0 && args.window > 0.0 && args.work_ms >= 0.0) {
+pub(super) async fn run(args: &Args) -> Result<Report, BenchError> {
+    let rate = args.rate[0];
+    let seconds = args.seconds_or(600.0);
+    if !(rate > 0.0 && seconds > 0.0 && args.window > 0.0 && args.work_ms >= 0.0) {
         return Err(BenchError::Usage(
             "--rate, --seconds and --window must be positive, --work-ms not negative".into(),
         ));
@@ -63,14 +40,14 @@ pub(super) async fn run(args: LongHorizonArgs) -> Result<Report, BenchError> {
     // Let the worker settle (its first receive, the reconciler's election).
     tokio::time::sleep(Duration::from_secs(2)).await;
     let pace = Pace {
-        seconds: args.seconds,
+        seconds,
         in_flight: args.in_flight,
         tenants: args.tenants,
     };
     bench.hook.call("run-start").await?;
     let cpu = process_cpu();
     let t0 = now_micros();
-    let (offered, offering) = offer(&bench, &pace, args.rate, &mut 0).await?;
+    let (offered, offering) = offer(&bench, &pace, rate, &mut 0).await?;
     let settle = Instant::now();
     while (samples.lock().expect("samples").len() as u64) < offered && settle.elapsed() < SETTLE {
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -88,8 +65,8 @@ pub(super) async fn run(args: LongHorizonArgs) -> Result<Report, BenchError> {
         windows.iter().map(|w| w.latency_ms.p99).fold(0.0, f64::max)
     );
     let mut report = bench.report("long-horizon");
-    report.rate = Some(args.rate);
-    report.seconds = Some(args.seconds);
+    report.rate = Some(rate);
+    report.seconds = Some(seconds);
     report.work_ms = Some(args.work_ms);
     report.offered = Some(offered);
     report.completed = Some(completed);

@@ -10,8 +10,8 @@ use serde_json::{json, Map, Value};
 use sqlx::{Connection, Executor};
 
 use super::{BenchError, Report, Target};
-use crate::config::{self, QueueConfig, ServeConfig, StoreLocation};
-use crate::serve::{connect_queue, open_store};
+use herald_server::config::{self, QueueConfig, ServeConfig, StoreLocation};
+use herald_server::serve::{connect_queue, open_store};
 
 /// The stream (and subject prefix) of a benchmark on NATS: not `herald`,
 /// whose messages belong to a real fleet.
@@ -21,7 +21,7 @@ const NATS_STREAM: &str = "herald_bench";
 pub(super) const HANDLER: &str = "noop";
 
 /// Whether a run starts from nothing or joins what another process of the
-/// same run left (the rescuer of `herald bench rescue`).
+/// same run left (the rescue's rescuer).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Fresh {
     /// Drop the scratch schema and purge the NATS stream first.
@@ -47,7 +47,7 @@ impl Bench {
     /// another process of the run left them.
     pub(super) async fn open(target: &Target, fresh: Fresh) -> Result<Bench, BenchError> {
         let postgres =
-            target.store.starts_with("postgres://") || target.store.starts_with("postgresql://");
+            target.url.starts_with("postgres://") || target.url.starts_with("postgresql://");
         let mut dir = None;
         let store = if postgres {
             if target.schema == "herald" {
@@ -57,8 +57,8 @@ impl Bench {
                         .into(),
                 ));
             }
-            target.store.clone()
-        } else if target.store == "sqlite" {
+            target.url.clone()
+        } else if target.url == "sqlite" {
             let d = tempfile::Builder::new()
                 .prefix("herald-bench.")
                 .tempdir_in(&target.dir)
@@ -71,8 +71,8 @@ impl Bench {
             format!("sqlite://{path}")
         } else {
             return Err(BenchError::Usage(format!(
-                "--store {:?}: write `sqlite` (a fresh file) or a postgres:// URL",
-                target.store
+                "--url {:?}: write a postgres:// URL or `sqlite` (a fresh file)",
+                target.url
             )));
         };
         let overrides = config::Overrides {
@@ -99,12 +99,7 @@ impl Bench {
             // Before the run's own connection pulls anything.
             purge_nats(&config).await?;
         }
-        let queue = connect_queue(&config).await.map_err(|e| match e {
-            crate::serve::ServeError::Queue { location, error } => {
-                BenchError::Queue { location, error }
-            }
-            other => BenchError::Failed(other.to_string()),
-        })?;
+        let queue = connect_queue(&config).await?;
         let client = Client::new(store.clone(), queue.clone())
             .max_payload(config.max_payload_bytes)
             .notify_linger(config.notify_linger)
@@ -135,6 +130,11 @@ impl Bench {
             .config(self.config.worker.clone())
             .handler(HANDLER, f)
             .start()
+    }
+
+    /// The events the store holds, in every state.
+    pub(super) async fn stored(&self) -> Result<u64, BenchError> {
+        Ok(self.client.counts().await?.iter().map(|c| c.count).sum())
     }
 
     /// A report for `scenario` with the target and the settings that

@@ -14,29 +14,9 @@ use serde::Serialize;
 use serde_json::json;
 use tokio::sync::Semaphore;
 
-use super::drain::progress;
-use super::report::{cpu_ms, process_cpu};
+use super::result::{cpu_ms, process_cpu};
 use super::setup::{Bench, Fresh};
-use super::{BenchError, Report, Target};
-
-/// Options of `herald bench topic`.
-#[derive(clap::Args, Debug)]
-pub struct TopicArgs {
-    /// Subscriber counts to measure, each on a topic of its own.
-    #[arg(long, value_delimiter = ',', default_value = "1,10,100")]
-    subscribers: Vec<u32>,
-    /// Events to store per subscriber count (rounded up to whole emits).
-    #[arg(long, default_value_t = 100_000)]
-    events: u64,
-    /// Topic emits in flight at most.
-    #[arg(long, default_value_t = 32)]
-    in_flight: usize,
-    /// Tenants the emits are spread over.
-    #[arg(long, default_value_t = 16)]
-    tenants: u64,
-    #[command(flatten)]
-    target: Target,
-}
+use super::{Args, BenchError, Report};
 
 /// One subscriber count's figures.
 #[derive(Clone, Debug, Serialize)]
@@ -57,7 +37,8 @@ pub struct TopicPoint {
     pub process_cpu_ms: f64,
 }
 
-pub(super) async fn run(args: TopicArgs) -> Result<Report, BenchError> {
+pub(super) async fn run(args: &Args) -> Result<Report, BenchError> {
+    let per_count = args.events.unwrap_or(100_000);
     if args.subscribers.contains(&0) {
         return Err(BenchError::Usage(
             "--subscribers: every count must be at least 1 (a topic without subscribers refuses emits)".into(),
@@ -75,10 +56,9 @@ pub(super) async fn run(args: TopicArgs) -> Result<Report, BenchError> {
                 .subscribe(&Subscription::every_tenant(&topic, format!("sub-{k:04}")))
                 .await?;
         }
-        let emits = args.events.div_ceil(u64::from(count)).max(1);
+        let emits = per_count.div_ceil(u64::from(count)).max(1);
         let phase = format!("topic-{count}");
         bench.hook.call(&format!("{phase}-start")).await?;
-        let bar = progress(emits * u64::from(count), "topic copies");
         let cpu = process_cpu();
         let gate = Arc::new(Semaphore::new(args.in_flight.max(1)));
         let t = Instant::now();
@@ -100,17 +80,16 @@ pub(super) async fn run(args: TopicArgs) -> Result<Report, BenchError> {
                 r
             });
             while let Some(done) = tasks.try_join_next() {
-                bar.inc(done.expect("emit task")?.events.len() as u64);
+                done.expect("emit task")?;
             }
         }
         while let Some(done) = tasks.join_next().await {
-            bar.inc(done.expect("emit task")?.events.len() as u64);
+            done.expect("emit task")?;
         }
         let seconds = t.elapsed().as_secs_f64();
         let cpu = cpu_ms(cpu, process_cpu());
-        bar.finish_and_clear();
         bench.hook.call(&format!("{phase}-end")).await?;
-        let stored: u64 = bench.client.counts().await?.iter().map(|c| c.count).sum();
+        let stored = bench.stored().await?;
         let events = emits * u64::from(count);
         if stored - stored_before != events {
             return Err(BenchError::Failed(format!(
@@ -148,7 +127,7 @@ pub(super) async fn run(args: TopicArgs) -> Result<Report, BenchError> {
     report.knobs.insert("tenants".into(), json!(tenants));
     report
         .knobs
-        .insert("events_per_count".into(), json!(args.events));
+        .insert("events_per_count".into(), json!(per_count));
     bench.close().await?;
     Ok(report)
 }

@@ -1,33 +1,43 @@
-//! `herald bench` through the real binary, small: each scenario runs to its
+//! `herald-peer` through the real binary, small: each scenario runs to its
 //! end, its result line says what it measured, and its hook sees the phases
 //! in the contract's order (bench/peers/README.md). A drain also checks by
 //! itself that the store holds exactly the backlog afterwards, and exits
 //! non-zero if not, which these tests would see.
 
 use std::path::Path;
+use std::process::Command;
 
 use serde_json::Value;
 
-mod common;
+/// The `herald-peer` binary, run in `dir`, inheriting no `HERALD_…`
+/// variable from the test's environment.
+fn herald_peer(dir: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_herald-peer"));
+    c.current_dir(dir);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("HERALD_") {
+            c.env_remove(k);
+        }
+    }
+    c
+}
 
-use common::herald;
-
-/// Runs `herald bench ARGS… --hook 'echo >>DIR/phases'` in `dir`; returns
-/// its result line and the phases its hook saw.
-fn bench(dir: &Path, args: &[&str]) -> (Value, Vec<String>) {
+/// Runs `herald-peer --scenario SCENARIO ARGS… --hook 'echo >>DIR/phases'`
+/// in `dir`; returns its result line and the phases its hook saw.
+fn bench(dir: &Path, scenario: &str, args: &[&str]) -> (Value, Vec<String>) {
     let phases = dir.join("phases");
     let _ = std::fs::remove_file(&phases);
     let hook = format!("echo >>{}", phases.display());
-    let out = herald(dir)
-        .arg("bench")
+    let out = herald_peer(dir)
+        .args(["--scenario", scenario])
         .args(args)
         .args(["--dir", &dir.display().to_string(), "--hook", &hook])
         .output()
-        .expect("run herald bench");
+        .expect("run herald-peer");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
-        "herald bench {args:?} failed: {stderr}"
+        "herald-peer {scenario} {args:?} failed: {stderr}"
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let last = stdout.lines().last().unwrap_or_default();
@@ -50,8 +60,8 @@ fn drain_on_sqlite_runs_every_runnable_event_and_leaves_the_paused_backlog() {
     let dir = tempfile::tempdir().unwrap();
     let (result, seen) = bench(
         dir.path(),
+        "drain",
         &[
-            "drain",
             "--events",
             "3000",
             "--backlog",
@@ -84,18 +94,10 @@ fn drain_on_sqlite_runs_every_runnable_event_and_leaves_the_paused_backlog() {
 #[test]
 fn latency_on_sqlite_measures_every_offered_event_at_each_rate() {
     let dir = tempfile::tempdir().unwrap();
-    let chart = dir.path().join("latency.svg");
     let (result, seen) = bench(
         dir.path(),
-        &[
-            "latency",
-            "--rate",
-            "100,300",
-            "--seconds",
-            "1",
-            "--chart",
-            &chart.display().to_string(),
-        ],
+        "latency",
+        &["--rate", "100,300", "--seconds", "1"],
     );
     assert_eq!(result["scenario"], "latency");
     let points = result["points"].as_array().expect("one point per rate");
@@ -106,8 +108,6 @@ fn latency_on_sqlite_measures_every_offered_event_at_each_rate() {
         assert!(p["latency_ms"]["p50"].as_f64().unwrap() > 0.0, "{p}");
         assert!(p["latency_ms"]["p99"].as_f64() >= p["latency_ms"]["p50"].as_f64());
     }
-    let svg = std::fs::read_to_string(&chart).expect("the chart was written");
-    assert!(svg.contains("<svg"), "not an SVG");
     assert_eq!(seen.first().map(String::as_str), Some("run-start"));
     assert_eq!(seen.last().map(String::as_str), Some("run-end"));
 }
@@ -117,8 +117,8 @@ fn long_horizon_on_sqlite_reports_every_window_and_runs_every_offered_event() {
     let dir = tempfile::tempdir().unwrap();
     let (result, seen) = bench(
         dir.path(),
+        "long-horizon",
         &[
-            "long-horizon",
             "--rate",
             "200",
             "--seconds",
@@ -149,8 +149,8 @@ fn emit_on_sqlite_counts_single_and_batched_emits() {
     let dir = tempfile::tempdir().unwrap();
     let (result, _) = bench(
         dir.path(),
+        "emit",
         &[
-            "emit",
             "--single",
             "300",
             "--batched",
@@ -169,7 +169,8 @@ fn topic_on_sqlite_stores_the_events_of_each_subscriber_count() {
     let dir = tempfile::tempdir().unwrap();
     let (result, seen) = bench(
         dir.path(),
-        &["topic", "--subscribers", "1,10,100", "--events", "1000"],
+        "topic",
+        &["--subscribers", "1,10,100", "--events", "1000"],
     );
     assert_eq!(result["scenario"], "topic");
     let points = result["topics"].as_array().expect("topics");
@@ -197,18 +198,18 @@ fn topic_on_sqlite_stores_the_events_of_each_subscriber_count() {
 }
 
 #[test]
-fn bench_refuses_serves_own_postgres_schema() {
+fn refuses_serves_own_postgres_schema() {
     let dir = tempfile::tempdir().unwrap();
-    let out = herald(dir.path())
-        .args(["bench", "drain", "--events", "10"])
+    let out = herald_peer(dir.path())
+        .args(["--scenario", "drain", "--events", "10"])
         .args([
-            "--store",
+            "--url",
             "postgres://postgres@127.0.0.1:1/none",
             "--schema",
             "herald",
         ])
         .output()
-        .expect("run herald bench");
+        .expect("run herald-peer");
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("herald"), "{stderr}");
@@ -217,7 +218,7 @@ fn bench_refuses_serves_own_postgres_schema() {
 #[tokio::test]
 async fn drain_on_postgres_drops_its_schema_afterwards() {
     use herald_postgres::testing::{self, TestSchema};
-    let test = "bench::drain_on_postgres_drops_its_schema_afterwards";
+    let test = "herald_peer::drain_on_postgres_drops_its_schema_afterwards";
     let url = testing::database_url();
     if let Err(e) = testing::reachable().await {
         testing::unreachable(test, &url, &e);
@@ -228,13 +229,13 @@ async fn drain_on_postgres_drops_its_schema_afterwards() {
     let schema = TestSchema::adopt(TestSchema::random_name());
     let (result, seen) = bench(
         dir.path(),
+        "drain",
         &[
-            "drain",
             "--events",
             "3000",
             "--backlog",
             "2000",
-            "--store",
+            "--url",
             &url,
             "--schema",
             schema.name(),
@@ -267,7 +268,7 @@ async fn drain_on_postgres_drops_its_schema_afterwards() {
 async fn rescue_on_postgres_runs_every_event_the_killed_victim_held() {
     use herald_postgres::testing::{self, TestSchema};
     use std::io::BufRead as _;
-    let test = "bench::rescue_on_postgres_runs_every_event_the_killed_victim_held";
+    let test = "herald_peer::rescue_on_postgres_runs_every_event_the_killed_victim_held";
     let url = testing::database_url();
     if let Err(e) = testing::reachable().await {
         testing::unreachable(test, &url, &e);
@@ -278,9 +279,9 @@ async fn rescue_on_postgres_runs_every_event_the_killed_victim_held() {
     let phases_file = dir.path().join("phases");
     let hook = format!("echo >>{}", phases_file.display());
     let common = |role: &str| {
-        let mut c = herald(dir.path());
-        c.args(["bench", "rescue", "--role", role, "--events", "300"])
-            .args(["--store", &url, "--schema", schema.name(), "--hook", &hook])
+        let mut c = herald_peer(dir.path());
+        c.args(["--scenario", "rescue", "--role", role, "--events", "300"])
+            .args(["--url", &url, "--schema", schema.name(), "--hook", &hook])
             .env("HERALD_WORKER_LEASE", "2s")
             .env("HERALD_WORKER_SWEEP_EVERY", "500ms")
             .env("HERALD_WORKER_CONCURRENCY", "100")

@@ -14,27 +14,7 @@ use serde_json::json;
 use super::drain::store_runnable;
 use super::latency::now_micros;
 use super::setup::{Bench, Fresh};
-use super::{BenchError, Report, Target};
-
-/// Options of `herald bench rescue`.
-#[derive(clap::Args, Debug)]
-pub struct RescueArgs {
-    /// `victim`: store the events, hold them, say so, wait to be killed;
-    /// `rescuer`: run them on the victim's store and queue.
-    #[arg(long, value_parser = ["victim", "rescuer"])]
-    role: String,
-    /// Events the victim stores (and the rescuer waits for).
-    #[arg(long, default_value_t = 2000)]
-    events: u64,
-    /// Rescuer: when the victim was killed, ms since the epoch.
-    #[arg(long, value_name = "EPOCH_MS")]
-    killed_at: Option<u64>,
-    /// Rescuer: give up (and say so in the result) after this many seconds.
-    #[arg(long, default_value_t = 120.0)]
-    timeout: f64,
-    #[command(flatten)]
-    target: Target,
-}
+use super::{Args, BenchError, Report};
 
 /// What a rescue event carries.
 #[derive(Deserialize)]
@@ -48,21 +28,25 @@ const STILL: Duration = Duration::from_secs(1);
 /// A victim not killed by then gives up.
 const VICTIM_LIMIT: Duration = Duration::from_secs(600);
 
-pub(super) async fn run(args: RescueArgs) -> Result<Report, BenchError> {
-    if !args.target.store.starts_with("postgres") {
+pub(super) async fn run(args: &Args) -> Result<Report, BenchError> {
+    if !args.target.url.starts_with("postgres") {
         return Err(BenchError::Usage(
-            "rescue needs a store two processes share: give a postgres:// --store".into(),
+            "rescue needs a store two processes share: give a postgres:// --url".into(),
         ));
     }
-    match args.role.as_str() {
-        "victim" => victim(&args).await,
-        _ => rescuer(&args).await,
+    let events = args.events.unwrap_or(2000);
+    match args.role.as_deref() {
+        Some("victim") => victim(args, events).await,
+        Some(_) => rescuer(args, events).await,
+        None => Err(BenchError::Usage(
+            "rescue needs --role victim or --role rescuer".into(),
+        )),
     }
 }
 
-async fn victim(args: &RescueArgs) -> Result<Report, BenchError> {
+async fn victim(args: &Args, events: u64) -> Result<Report, BenchError> {
     let bench = Bench::open(&args.target, Fresh::Empty).await?;
-    store_runnable(&bench, args.events, 16).await?;
+    store_runnable(&bench, events, 16).await?;
     let started = Arc::new(AtomicU64::new(0));
     let count = started.clone();
     let worker = bench.worker(move |_: Seq, _| {
@@ -77,7 +61,7 @@ async fn victim(args: &RescueArgs) -> Result<Report, BenchError> {
         if now != last {
             (last, still_since) = (now, Instant::now());
         }
-        if now == args.events || (now > 0 && still_since.elapsed() >= STILL) {
+        if now == events || (now > 0 && still_since.elapsed() >= STILL) {
             break;
         }
         if t.elapsed() > VICTIM_LIMIT {
@@ -90,13 +74,10 @@ async fn victim(args: &RescueArgs) -> Result<Report, BenchError> {
     bench.hook.call("victim-running").await?;
     let mut report = bench.report("rescue");
     report.role = Some("victim".into());
-    report.events = Some(args.events);
+    report.events = Some(events);
     report.running = Some(last);
     report.print()?;
-    eprintln!(
-        "victim: {last} handlers running, {} events held; waiting to be killed",
-        args.events
-    );
+    eprintln!("victim: {last} handlers running, {events} events held; waiting to be killed");
     tokio::time::sleep(VICTIM_LIMIT).await;
     drop(worker);
     Err(BenchError::Failed(format!(
@@ -105,7 +86,7 @@ async fn victim(args: &RescueArgs) -> Result<Report, BenchError> {
     )))
 }
 
-async fn rescuer(args: &RescueArgs) -> Result<Report, BenchError> {
+async fn rescuer(args: &Args, events: u64) -> Result<Report, BenchError> {
     let Some(killed_at) = args.killed_at else {
         return Err(BenchError::Usage(
             "--role rescuer needs --killed-at (ms since the epoch)".into(),
@@ -129,8 +110,9 @@ async fn rescuer(args: &RescueArgs) -> Result<Report, BenchError> {
         async {}
     });
     let t = Instant::now();
-    let timeout = Duration::from_secs_f64(args.timeout.max(0.0));
-    while (ran.lock().expect("ran").0.len() as u64) < args.events && t.elapsed() < timeout {
+    let timeout_s = args.timeout.unwrap_or(120.0);
+    let timeout = Duration::from_secs_f64(timeout_s.max(0.0));
+    while (ran.lock().expect("ran").0.len() as u64) < events && t.elapsed() < timeout {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     bench.hook.call("rescue-end").await?;
@@ -138,22 +120,21 @@ async fn rescuer(args: &RescueArgs) -> Result<Report, BenchError> {
     let (seen, first, last) = std::mem::take(&mut *ran.lock().expect("ran"));
     let completed = seen.len() as u64;
     let since_kill = |us: u64| (us as f64 / 1000.0 - killed_at as f64) / 1000.0;
-    let timed_out = completed < args.events;
+    let timed_out = completed < events;
     eprintln!(
-        "rescuer: {completed} of {} ran; first {:.2} s, last {:.2} s after the kill{}",
-        args.events,
+        "rescuer: {completed} of {events} ran; first {:.2} s, last {:.2} s after the kill{}",
         since_kill(first),
         since_kill(last),
         if timed_out { " (timed out)" } else { "" }
     );
     let mut report = bench.report("rescue");
     report.role = Some("rescuer".into());
-    report.events = Some(args.events);
+    report.events = Some(events);
     report.completed = Some(completed);
     report.first_s = (first > 0).then(|| since_kill(first));
     report.rescue_s = (!timed_out).then(|| since_kill(last));
     report.timed_out = Some(timed_out);
-    report.timeout_s = Some(args.timeout);
+    report.timeout_s = Some(timeout_s);
     let w = &bench.config.worker;
     report.knobs.insert(
         "rescue_after_s".into(),

@@ -2,7 +2,6 @@
 //! at fixed rates (at most `--in-flight` at once), each carrying the time
 //! just before its emit; the handler takes the time first thing.
 
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -11,34 +10,9 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::Semaphore;
 
-use super::drain::progress;
-use super::report::{cpu_ms, process_cpu, Percentiles, Point, Slow};
+use super::result::{cpu_ms, process_cpu, Percentiles, Point, Slow};
 use super::setup::{Bench, Fresh, HANDLER};
-use super::{chart, BenchError, Report, Target};
-
-/// Options of `herald bench latency`.
-#[derive(clap::Args, Debug)]
-pub struct LatencyArgs {
-    /// Events per second to offer, one run per rate, in order
-    /// (`--rate 500,1000,2000`).
-    #[arg(long, value_delimiter = ',', default_value = "1000")]
-    rate: Vec<f64>,
-    /// Seconds to offer each rate for: offering stops then, so a store
-    /// that cannot keep up is offered fewer events, not for longer.
-    #[arg(long, default_value_t = 20.0)]
-    seconds: f64,
-    /// Emits in flight at most (like a pool of HTTP clients).
-    #[arg(long, default_value_t = 32)]
-    in_flight: usize,
-    /// Tenants the events are spread over.
-    #[arg(long, default_value_t = 16)]
-    tenants: u64,
-    /// Also draw the curve (p50, p99 against the rate) to this SVG file.
-    #[arg(long, value_name = "PATH")]
-    chart: Option<PathBuf>,
-    #[command(flatten)]
-    target: Target,
-}
+use super::{Args, BenchError, Report};
 
 /// How a paced producer offers single emits (latency, long horizon).
 pub(super) struct Pace {
@@ -62,7 +36,6 @@ pub(super) async fn offer(
     next: &mut u64,
 ) -> Result<(u64, f64), BenchError> {
     let total = (rate * pace.seconds).round() as u64;
-    let bar = progress(total, "offering");
     let gate = Arc::new(Semaphore::new(pace.in_flight.max(1)));
     let start = Instant::now();
     let window_end = start + Duration::from_secs_f64(pace.seconds);
@@ -91,12 +64,10 @@ pub(super) async fn offer(
         while let Some(done) = tasks.try_join_next() {
             done.expect("emit task")?;
         }
-        bar.inc(1);
     }
     while let Some(done) = tasks.join_next().await {
         done.expect("emit task")?;
     }
-    bar.finish_and_clear();
     Ok((offered, start.elapsed().as_secs_f64()))
 }
 
@@ -118,8 +89,9 @@ pub(super) fn now_micros() -> u64 {
 /// How long the last events of a rate may take to run after offering ends.
 const SETTLE: Duration = Duration::from_secs(60);
 
-pub(super) async fn run(args: LatencyArgs) -> Result<Report, BenchError> {
-    if args.rate.iter().any(|r| r.is_nan() || *r <= 0.0) || args.seconds <= 0.0 {
+pub(super) async fn run(args: &Args) -> Result<Report, BenchError> {
+    let seconds = args.seconds_or(20.0);
+    if args.rate.iter().any(|r| r.is_nan() || *r <= 0.0) || seconds <= 0.0 {
         return Err(BenchError::Usage(
             "--rate and --seconds must be positive".into(),
         ));
@@ -143,7 +115,7 @@ pub(super) async fn run(args: LatencyArgs) -> Result<Report, BenchError> {
     let mut points = Vec::new();
     let mut next = 0u64;
     let pace = Pace {
-        seconds: args.seconds,
+        seconds,
         in_flight: args.in_flight,
         tenants: args.tenants,
     };
@@ -185,12 +157,6 @@ pub(super) async fn run(args: LatencyArgs) -> Result<Report, BenchError> {
     }
     let cpu = cpu_ms(cpu, process_cpu());
     worker.shutdown(Duration::from_secs(5)).await;
-    if let Some(path) = &args.chart {
-        chart::latency(path, &points).map_err(|reason| BenchError::Write {
-            path: path.clone(),
-            reason,
-        })?;
-    }
     let mut report = bench.report("latency");
     let first = points[0].clone();
     report.rate = Some(first.rate);
@@ -198,7 +164,7 @@ pub(super) async fn run(args: LatencyArgs) -> Result<Report, BenchError> {
     report.offered = Some(first.offered);
     report.completed = Some(first.completed);
     report.latency_ms = Some(first.latency_ms);
-    report.seconds = Some(args.seconds);
+    report.seconds = Some(seconds);
     report.process_cpu_ms = Some(cpu);
     report.points = points;
     report

@@ -1,49 +1,68 @@
-//! `herald bench report DIR`: the runs that `bench/compare.sh` left in
-//! `DIR/runs/` (each system's JSON line, and the marks its hook took at
-//! each phase) turned into one Markdown table, `DIR/report.md`, and charts:
-//! the clean drain's events/s per system and emit-to-start p50 against
-//! the offered rate. A cell run several times (`REPEAT`) is written as its
-//! median and range; `targets` reads issue 14's targets from the medians.
+//! `report DIR`: the runs that `bench/compare.sh` left in `DIR/runs/` (each
+//! system's JSON line, and the marks its hook took at each phase) turned
+//! into one Markdown table, `DIR/report.md`, and SVG charts: the clean
+//! drain's events/s per system, emit-to-start p50 against the offered
+//! rate, and the long horizon's p99, dead tuples and size over time. A cell
+//! run several times (`REPEAT`) is written as its median and range.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::chart;
-use super::BenchError;
+use clap::Parser;
 
-mod processes;
-mod targets;
+mod chart;
 
-/// Options of `herald bench report`.
-#[derive(clap::Args, Debug)]
-pub struct ReportArgs {
+/// The Markdown table and charts of a `bench/compare.sh` sitting.
+#[derive(Parser, Debug)]
+#[command(name = "report")]
+struct ReportArgs {
     /// The directory `bench/compare.sh` wrote (its `OUT`).
     dir: PathBuf,
 }
 
+/// A file of the report that could not be read or written.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {reason}")]
+struct WriteError {
+    /// The file.
+    path: PathBuf,
+    /// Why.
+    reason: String,
+}
+
+fn main() -> std::process::ExitCode {
+    match run(ReportArgs::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("report: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// One reading of the hook: running totals at a phase.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Mark {
+struct Mark {
     /// Wall clock, ms.
-    pub wall_ms: f64,
+    wall_ms: f64,
     /// PostgreSQL's server CPU, ms.
-    pub pg_cpu_ms: f64,
+    pg_cpu_ms: f64,
     /// Statements counted by pg_stat_statements in the run's database.
-    pub statements: f64,
+    statements: f64,
     /// The system's own process CPU, ms.
-    pub peer_cpu_ms: f64,
+    peer_cpu_ms: f64,
     /// The nats-server's CPU, ms.
-    pub broker_cpu_ms: f64,
+    broker_cpu_ms: f64,
     /// Shared buffers the counted statements hit or read in (0 in marks
     /// written before the hook counted them).
-    pub buffers: f64,
+    buffers: f64,
 }
 
 /// Reads a marks file (`PHASE WALL PG STATEMENTS PEER BROKER [BUFFERS]`
 /// per line); the last reading of each phase wins.
-pub fn parse_marks(text: &str) -> BTreeMap<String, Mark> {
+fn parse_marks(text: &str) -> BTreeMap<String, Mark> {
     let mut marks = BTreeMap::new();
     for line in text.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
@@ -72,9 +91,6 @@ struct Row {
     /// The run directory's name without a repeat's `.runK`: the runs of
     /// one cell share it.
     cell: String,
-    /// Which round of a repeated sitting ran it (1 for the first, `.runK`
-    /// for the K-th): the runs of one round ran minutes apart.
-    round: u32,
     system: String,
     case: String,
     result: Value,
@@ -92,9 +108,6 @@ struct Row {
     /// herald's paused backlog: parking it, `after-backlog` to
     /// `backlog-parked` (untimed, before the drain).
     parking: Option<Mark>,
-    /// PostgreSQL's CPU, ms, that the run's own connections spent in the
-    /// timed part (`pg-cpu.PHASE` files; none in runs before them).
-    connections_ms: Option<f64>,
 }
 
 impl Row {
@@ -112,13 +125,6 @@ fn events_per_s(r: &Row, _: &Mark) -> Option<f64> {
 /// PostgreSQL's CPU per 1,000 events.
 fn pg_cpu_per_1k(r: &Row, d: &Mark) -> Option<f64> {
     r.per_1k(d.pg_cpu_ms)
-}
-
-/// PostgreSQL's CPU per 1,000 events that the run's own connections
-/// spent: without autovacuum, the checkpointer or a mid-drain ANALYZE
-/// (whose `psql` ends before the drain does).
-fn connections_cpu_per_1k(r: &Row, _: &Mark) -> Option<f64> {
-    r.per_1k(r.connections_ms?)
 }
 
 /// How many cores a drain kept busy, everything counted (PostgreSQL, the
@@ -331,15 +337,13 @@ fn timed_phases(scenario: &str) -> (&'static str, &'static str) {
 fn read_run(dir: &Path) -> Option<Row> {
     let run = std::fs::read_to_string(dir.join("run.txt")).ok()?;
     let name = dir.file_name()?.to_string_lossy().into_owned();
-    let (cell, round) = round_of(&name);
-    let cell = cell.to_string();
+    let cell = round_of(&name).0.to_string();
     let mut lines = run.lines();
     let system = lines.next()?.to_string();
     let case = lines.next()?.to_string();
     if dir.join("failed").exists() {
         return Some(Row {
             cell,
-            round,
             system,
             case,
             result: Value::Null,
@@ -349,7 +353,6 @@ fn read_run(dir: &Path) -> Option<Row> {
             samples: Vec::new(),
             victim: Value::Null,
             parking: None,
-            connections_ms: None,
         });
     }
     let stdout = std::fs::read_to_string(dir.join("stdout")).ok()?;
@@ -369,11 +372,6 @@ fn read_run(dir: &Path) -> Option<Row> {
     };
     let (from, to) = timed_phases(scenario);
     let delta = between(from, to);
-    let processes = |phase: &str| std::fs::read_to_string(dir.join(format!("pg-cpu.{phase}")));
-    let connections_ms = match (processes(from), processes(to)) {
-        (Ok(a), Ok(b)) => processes::connections_ms(&a, &b),
-        _ => None,
-    };
     let parking = between("after-backlog", "backlog-parked");
     let analyze_cpu_ms = std::fs::read_to_string(dir.join("analyze.txt"))
         .ok()
@@ -402,7 +400,6 @@ fn read_run(dir: &Path) -> Option<Row> {
     };
     Some(Row {
         cell,
-        round,
         system,
         case,
         result,
@@ -412,7 +409,6 @@ fn read_run(dir: &Path) -> Option<Row> {
         samples,
         victim,
         parking,
-        connections_ms,
     })
 }
 
@@ -442,9 +438,9 @@ fn round_of(name: &str) -> (&str, u32) {
 }
 
 /// Writes `report.md` and the charts into `args.dir`.
-pub fn run(args: ReportArgs) -> Result<(), BenchError> {
+fn run(args: ReportArgs) -> Result<(), WriteError> {
     let runs = args.dir.join("runs");
-    let entries = std::fs::read_dir(&runs).map_err(|e| BenchError::Write {
+    let entries = std::fs::read_dir(&runs).map_err(|e| WriteError {
         path: runs.clone(),
         reason: e.to_string(),
     })?;
@@ -459,7 +455,6 @@ pub fn run(args: ReportArgs) -> Result<(), BenchError> {
     }
     let cells = cells(&rows);
     table(&cells, &mut md);
-    targets::targets(&cells, &mut md);
     let parked: Vec<&Row> = rows.iter().filter(|r| r.parking.is_some()).collect();
     if !parked.is_empty() {
         md.push_str(
@@ -501,7 +496,7 @@ pub fn run(args: ReportArgs) -> Result<(), BenchError> {
     if !drains.is_empty() {
         let path = args.dir.join("drain.svg");
         chart::bars(&path, "no-op drain, events/s", "events/s", &drains)
-            .map_err(|reason| BenchError::Write { path, reason })?;
+            .map_err(|reason| WriteError { path, reason })?;
         md.push_str("\n![drain](drain.svg)\n");
     }
     // One point per rate: a repeated rate's medians.
@@ -533,11 +528,11 @@ pub fn run(args: ReportArgs) -> Result<(), BenchError> {
             "ms",
             &series,
         )
-        .map_err(|reason| BenchError::Write { path, reason })?;
+        .map_err(|reason| WriteError { path, reason })?;
         md.push_str("\n![latency](latency.svg)\n");
     }
     let path = args.dir.join("report.md");
-    std::fs::write(&path, &md).map_err(|e| BenchError::Write {
+    std::fs::write(&path, &md).map_err(|e| WriteError {
         path: path.clone(),
         reason: e.to_string(),
     })?;
@@ -548,7 +543,7 @@ pub fn run(args: ReportArgs) -> Result<(), BenchError> {
 /// The long-horizon runs: a table of their worst windows and the
 /// database's growth, and three charts over time (p99 per window, dead
 /// tuples, size).
-fn long_horizon(dir: &Path, rows: &[Row], md: &mut String) -> Result<(), BenchError> {
+fn long_horizon(dir: &Path, rows: &[Row], md: &mut String) -> Result<(), WriteError> {
     let runs: Vec<&Row> = rows.iter().filter(|r| r.case == "long-horizon").collect();
     if runs.is_empty() {
         return Ok(());
@@ -637,7 +632,7 @@ fn long_horizon(dir: &Path, rows: &[Row], md: &mut String) -> Result<(), BenchEr
     for (file, title, y, series) in charts {
         let path = dir.join(file);
         chart::lines(&path, title, "seconds", y, series)
-            .map_err(|reason| BenchError::Write { path, reason })?;
+            .map_err(|reason| WriteError { path, reason })?;
         md.push_str(&format!("\n![{title}]({file})\n"));
     }
     Ok(())
@@ -773,18 +768,12 @@ mod tests {
     }
 
     #[test]
-    fn repeated_runs_are_one_line_of_medians_and_the_targets_read_the_medians() {
+    fn repeated_runs_are_one_line_of_medians_and_a_failed_run_says_so() {
         let dir = tempfile::tempdir().unwrap();
         // herald's three clean runs: median 200 events/s, 10 ms per 1,000.
         write_drain(dir.path(), "herald-memory.clean", 1000.0, 300.0, 9.0);
         write_drain(dir.path(), "herald-memory.clean.run2", 1000.0, 100.0, 12.0);
         write_drain(dir.path(), "herald-memory.clean.run3", 1000.0, 200.0, 10.0);
-        write_drain(dir.path(), "herald-memory.paused", 1000.0, 150.0, 13.0);
-        write_drain(dir.path(), "herald-memory.paused.run2", 1000.0, 150.0, 20.0);
-        write_drain(dir.path(), "herald-memory.paused.run3", 1000.0, 150.0, 14.0);
-        write_drain(dir.path(), "graphile-worker-rs.clean", 1000.0, 80.0, 20.0);
-        // The baseline is faster, but it is not a queue.
-        write_drain(dir.path(), "skip-locked.clean", 1000.0, 900.0, 5.0);
         std::fs::create_dir_all(dir.path().join("runs/pg-boss.clean")).unwrap();
         std::fs::write(
             dir.path().join("runs/pg-boss.clean/run.txt"),
@@ -800,17 +789,6 @@ mod tests {
         );
         assert!(
             md.contains("| pg-boss | clean | failed (see runs/) |"),
-            "{md}"
-        );
-        assert!(md.contains("graphile-worker-rs at 80 events/s"), "{md}");
-        assert!(md.contains("- herald-memory: 200 events/s, 2.50×"), "{md}");
-        assert!(
-            md.contains("| herald-memory | 10.0 | – | 1.40× | – | – | – |"),
-            "{md}"
-        );
-        // Paired by round: 13/9, 20/12, 14/10 = 1.44, 1.67, 1.40.
-        assert!(
-            md.contains("| herald-memory | 3 | – | 1.44× (1.40–1.67, 3) | – | – | – |"),
             "{md}"
         );
     }
@@ -837,69 +815,7 @@ mod tests {
     }
 
     #[test]
-    fn the_paired_ratios_take_each_run_against_its_own_rounds_clean_run() {
-        let dir = tempfile::tempdir().unwrap();
-        // A slow second round: every run there costs twice as much.
-        write_drain(dir.path(), "h.clean", 1000.0, 100.0, 10.0);
-        write_drain(dir.path(), "h.clean.run2", 1000.0, 100.0, 20.0);
-        write_drain(dir.path(), "h.clean.run3", 1000.0, 100.0, 11.0);
-        write_drain(dir.path(), "h.delayed", 1000.0, 100.0, 11.0);
-        write_drain(dir.path(), "h.delayed.run2", 1000.0, 100.0, 22.0);
-        write_drain(dir.path(), "h.delayed.run3", 1000.0, 100.0, 22.0);
-        // A run whose round has no clean run is not paired.
-        write_drain(dir.path(), "h.delayed.run4", 1000.0, 100.0, 50.0);
-        run_report(dir.path());
-        let md = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
-        // Medians: 22 / 11 = 2.00×; paired: 1.10, 1.10, 2.00.
-        assert!(md.contains("| h | 11.0 | 2.00× | – | – | – | – |"), "{md}");
-        assert!(
-            md.contains("| h | 3 | 1.10× (1.10–2.00, 3) | – | – | – | – |"),
-            "{md}"
-        );
-    }
-
-    #[test]
-    fn the_own_connections_table_reads_the_process_files_and_leaves_autovacuum_out() {
-        let dir = tempfile::tempdir().unwrap();
-        // Every run: 1,000 events; the connections spend `conn` ticks
-        // (10 ms each) and an autovacuum worker `av` more.
-        for (name, conn, av) in [
-            ("h.clean", 100, 0),
-            ("h.clean.run2", 120, 0),
-            ("h.delayed", 105, 300),
-            ("h.delayed.run2", 132, 0),
-        ] {
-            write_drain(dir.path(), name, 1000.0, 100.0, f64::from((conn + av) * 10));
-            let run = dir.path().join("runs").join(name);
-            std::fs::write(
-                run.join("pg-cpu.drain-start"),
-                "7 0 postgres: autovacuum worker d\n8 0 postgres: postgres d 127.0.0.1(1) idle\n",
-            )
-            .unwrap();
-            std::fs::write(
-                run.join("pg-cpu.drain-end"),
-                format!(
-                    "7 {av} postgres: autovacuum worker d\n8 {conn} postgres: postgres d 127.0.0.1(1) idle\n"
-                ),
-            )
-            .unwrap();
-        }
-        run_report(dir.path());
-        let md = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
-        // Whole CPU paired: 4050/1000 and 1320/1200 = 4.05, 1.10; the
-        // connections alone: 1.05, 1.10 (median 1.075).
-        assert!(
-            md.contains("| h | 2 | 2.58× (1.10–4.05, 2) | – | – | – | – |"),
-            "{md}"
-        );
-        assert!(
-            md.contains("| h | 2 | 1.08× (1.05–1.10, 2) | – | – | – | – |"),
-            "{md}"
-        );
-    }
-
-    #[test]
-    fn buffers_per_event_come_from_the_marks_seventh_field_and_have_their_own_hard_case_table() {
+    fn buffers_per_event_come_from_the_marks_seventh_field() {
         let m = parse_marks(
             "drain-start 0 0 0 0 0 1000\ndrain-end 1000 20 5 0 0 9000\nold 1 2 3 4 5\n",
         );
@@ -920,22 +836,12 @@ mod tests {
                 &format!("drain-start 0 0 0 0 0 0\ndrain-end 1000 {pg_ms} 1000 0 0 {buffers}\n"),
             );
         };
-        // Clean: 10 ms per 1,000 and 14 buffers an event; paused: 13 ms
-        // (1.30×) but 14.7 buffers (1.05×).
+        // 10 ms per 1,000 and 14 buffers an event.
         drain("herald-nats.clean", 10.0, 14_000.0);
-        drain("herald-nats.paused", 13.0, 14_700.0);
         run_report(dir.path());
         let md = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
         assert!(
             md.contains("| herald-nats | clean | 100 | – | 10.0 | 1.00 | 14.0 |"),
-            "{md}"
-        );
-        assert!(
-            md.contains("| herald-nats | 10.0 | – | 1.30× | – | – | – |"),
-            "{md}"
-        );
-        assert!(
-            md.contains("| herald-nats | 14.0 | – | 1.05× | – | – | – |"),
             "{md}"
         );
     }

@@ -1,11 +1,9 @@
 //! Charts as SVG (plotters, no system libraries): lines (latency against
-//! the offered rate) and bars (one figure per system).
+//! the offered rate, figures over time) and bars (one figure per system).
 
 use std::path::Path;
 
 use plotters::prelude::*;
-
-use super::report::Point;
 
 /// A named line of `(x, y)` points.
 pub type Series = (String, Vec<(f64, f64)>);
@@ -20,21 +18,6 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(227, 119, 194),
     RGBColor(127, 127, 127),
 ];
-
-/// One run's latency curve: p50 and p99 against the offered rate.
-pub fn latency(path: &Path, points: &[Point]) -> Result<(), String> {
-    let p = |f: fn(&Point) -> f64| points.iter().map(|x| (x.achieved_rate, f(x))).collect();
-    lines(
-        path,
-        "emit-to-start latency",
-        "events/s offered",
-        "ms",
-        &[
-            ("p50".to_string(), p(|x| x.latency_ms.p50)),
-            ("p99".to_string(), p(|x| x.latency_ms.p99)),
-        ],
-    )
-}
 
 /// Lines on a log-scaled y axis (latency spans orders of magnitude).
 pub fn lines(
