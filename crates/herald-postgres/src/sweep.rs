@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use herald::store::{SweepPage, SweepPass};
+use herald::backend::{SweepPage, SweepPass};
 use herald::sweep::{Candidate, Source, Step, Sweep, Writes};
 use herald::{EventId, Millis};
 use sqlx::PgConnection;

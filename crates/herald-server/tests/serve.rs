@@ -371,7 +371,7 @@ async fn a_second_signal_cancels_running_commands_at_once() {
     );
     // The event is stored, pending, unleased, its attempt given back.
     let store = herald_sqlite::SqliteStore::open(dir.path().join("herald.db")).unwrap();
-    let event = herald::Store::get(&store, id.parse().unwrap())
+    let event = herald::backend::Operator::get(&store, id.parse().unwrap())
         .await
         .unwrap()
         .expect("kept");

@@ -41,7 +41,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use herald::store::StoreResult;
+use herald::backend::StoreResult;
 use herald::{Millis, StoreError};
 use rusqlite::Connection;
 use tokio::sync::oneshot;
@@ -105,8 +105,8 @@ impl SqliteStore {
     /// after the emit that stored it and after the event finished (default
     /// [`herald::DEFAULT_IDEMPOTENCY_WINDOW`], 24 h): an emit with the key
     /// within it returns that event, even if it has finished.
-    /// [`herald::Store::upkeep`] (the elected reconciler's pass) purges the
-    /// keys past it ([`herald::Store::purge_keys`]).
+    /// [`herald::backend::Reconciliation::upkeep`] (the elected reconciler's pass) purges the
+    /// keys past it ([`herald::backend::Reconciliation::purge_keys`]).
     pub fn with_idempotency_window(mut self, window: Duration) -> SqliteStore {
         self.idempotency_window = window;
         self

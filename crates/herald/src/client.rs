@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
+use crate::backend::{Count, CountsQuery, EventFilter, HandlerCounts, Store, StoreError};
 use crate::group_commit::GroupCommit;
 pub use crate::group_commit::{
     DEFAULT_EMIT_TIMEOUT, DEFAULT_GROUP_COMMIT_WRITES, GROUP_MAX_EVENTS,
@@ -19,12 +20,8 @@ use crate::publisher::{created, Publisher};
 pub use crate::publisher::{DEFAULT_NOTIFY_LINGER, DEFAULT_NOTIFY_PUBLISHES, DEFAULT_NOTIFY_WAIT};
 use crate::queue::Queue;
 use crate::retry::DEFAULT_MAX_ATTEMPTS;
-use crate::store::{Count, CountsQuery, EventFilter, HandlerCounts, Store, StoreError};
 
-/// The default payload size limit: 1 MiB.
-pub const DEFAULT_MAX_PAYLOAD: usize = 1 << 20;
-/// The longest tenant, handler or idempotency key, in bytes.
-pub const MAX_NAME_LEN: usize = 200;
+pub use crate::model::{DEFAULT_MAX_PAYLOAD, MAX_NAME_LEN};
 
 /// Errors from the [`Client`].
 #[derive(Debug, thiserror::Error)]
@@ -491,7 +488,7 @@ impl Client {
     }
 
     /// Builds a topic emit's events, one per handler of `subscribers` (read
-    /// with [`Store::subscribers`], or inside the caller's transaction: see
+    /// with [`Topics::subscribers`], or inside the caller's transaction: see
     /// `herald_postgres::PgStore::emit_topic_in`), without storing them.
     /// No subscriber: [`ClientError::NoSubscribers`].
     pub fn prepare_topic(
@@ -730,7 +727,7 @@ impl Client {
     }
 
     /// Counts per `(tenant, handler)`: waiting, running, delayed, held,
-    /// dead and done, cheap on millions of events (see [`Store::counts`];
+    /// dead and done, cheap on millions of events (see [`Operator::counts`];
     /// a row says when its split is `estimated`).
     pub async fn handler_counts(
         &self,
@@ -861,20 +858,14 @@ fn topic_copies(
 /// with no control characters. Anything else (quotes, slashes, unicode, SQL)
 /// is stored and shown exactly as given.
 pub fn check_name(field: &'static str, value: &str) -> Result<(), ClientError> {
-    let reason = if value.is_empty() {
-        "it is empty"
-    } else if value.len() > MAX_NAME_LEN {
-        "it is longer than 200 bytes"
-    } else if value.chars().any(char::is_control) {
-        "it contains a control character"
-    } else {
-        return Ok(());
-    };
-    Err(ClientError::InvalidName {
-        field,
-        value: value.chars().take(60).collect(),
-        reason,
-    })
+    match crate::model::name_rule_broken(value) {
+        None => Ok(()),
+        Some(reason) => Err(ClientError::InvalidName {
+            field,
+            value: value.chars().take(60).collect(),
+            reason,
+        }),
+    }
 }
 
 #[cfg(test)]

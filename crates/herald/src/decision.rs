@@ -1,7 +1,7 @@
 //! The worker's decision, as pure functions of plain data that return whole answers.
 //!
 //! This file is DESIGN.md's decision table in code. A notification arrives;
-//! the worker first tries the one-statement claim (`Store::claim`: due,
+//! the worker first tries the one-statement claim (`EventStore::claim`: due,
 //! pending, unleased or expired, attempts left, a known handler, no rule).
 //! Only when that claims nothing does it load the event and ask [`admit`]
 //! why. When a handler finishes, [`settle`] says what to write. Each answer
@@ -18,7 +18,7 @@
 //! | HandlerCheck | no handler of that name here | drop, event kept; the reconciler re-offers it | ack | [`admit`]: [`Verdict::Drop`] |
 //! | LockCheck | a live lease is held | requeue | nack until expiry + jitter | [`admit`]: [`Verdict::Requeue`] |
 //! | LockCheck | expired or no lease, no attempts left | bury: fenced move to dead | ack; fence refused: as a lost claim | [`admit`]: [`Verdict::Bury`] |
-//! | LockCheck | no lease, or an expired one | claim | | the claim statement (`Store::claim`) |
+//! | LockCheck | no lease, or an expired one | claim | | the claim statement (`EventStore::claim`) |
 //! | LockClaim | compare-and-set lost | requeue | nack, short | [`admit`]: [`Verdict::Claim`] |
 //! | LockClaim | won | run, `attempt += 1` | extend while running | the claim statement; runs in `worker/run.rs` |
 //! | Process | done | delete (or archive) | ack | [`settle`] |
@@ -48,10 +48,10 @@
 
 use std::time::Duration;
 
+use crate::backend::{Finish, LeaseRef, Settle, StoreResult};
 use crate::handler::Outcome;
 use crate::model::{Event, EventId, EventState, Millis, RuleMatch};
 use crate::retry::RetryPolicy;
-use crate::store::{Finish, LeaseRef, Settle};
 
 /// What the worker tells the queue about one notification.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,6 +153,18 @@ pub struct Write {
     pub refused: Answer,
     /// The store failed: nothing was written.
     pub failed: Answer,
+}
+
+impl Write {
+    /// The answer for this write as the `i`th of a batch, as the store's
+    /// `held` (one flag per write) says it turned out.
+    pub fn answer(&self, held: &StoreResult<Vec<bool>>, i: usize) -> Answer {
+        match held {
+            Ok(held) if held.get(i) == Some(&true) => self.held,
+            Ok(_) => self.refused,
+            Err(_) => self.failed,
+        }
+    }
 }
 
 /// A decision's whole answer, for the runtime to carry out.

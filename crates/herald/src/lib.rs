@@ -2,6 +2,7 @@
 //!
 //! See `docs/architecture.md` for how the pieces fit.
 
+pub mod backend;
 pub mod client;
 pub mod decision;
 pub mod escape;
@@ -14,12 +15,15 @@ pub mod queue;
 pub mod redact;
 pub mod retry;
 pub mod schedule;
-pub mod store;
 pub mod sweep;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 pub mod worker;
 
+pub use backend::{
+    CappedCount, CountsQuery, EventFilter, HandlerCounts, Leadership, PendingSample, Store,
+    StoreError, StoreResult, SubscriptionSync, DEFAULT_IDEMPOTENCY_WINDOW,
+};
 pub use client::{
     Client, ClientError, EmitOptions, EmitRequest, Release, StoredTopicEmit, SubscriberEmitted,
     TopicEmitted,
@@ -32,10 +36,6 @@ pub use model::{
 };
 pub use queue::{Delivery, DeliveryTag, MessageLimits, Publish, Queue, QueueError, Retention};
 pub use retry::{RetryPolicy, DEFAULT_MAX_ATTEMPTS};
-pub use store::{
-    CappedCount, CountsQuery, EventFilter, HandlerCounts, Leadership, PendingSample, Store,
-    StoreError, StoreResult, SubscriptionSync, DEFAULT_IDEMPOTENCY_WINDOW,
-};
 pub use worker::{
     RunObserver, RunSettled, ShutdownHandle, ShutdownReport, StatsSnapshot, Worker, WorkerBuilder,
     WorkerConfig, WorkerConfigError, WorkerStats,

@@ -11,10 +11,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use herald::backend::{Finish, LeaseRef, Settle};
 use herald::decision::{
     self, Admission, Answer, Claimed, Inspection, Plan, Policy, Reply, RunEnd, Tally, Verdict,
 };
-use herald::store::{Finish, LeaseRef, Settle};
 use herald::{
     Event, EventId, EventState, Lease, LeaseToken, Millis, NewEvent, Outcome, RetryPolicy,
     RuleMatch, RunSettled, Store,
@@ -286,7 +286,7 @@ async fn emit(store: &dyn Store, max_attempts: u32) -> EventId {
 async fn claim(store: &dyn Store, id: EventId, token: LeaseToken) -> Vec<Event> {
     store
         .claim(
-            &[herald::store::LeaseRef { id, token }],
+            &[herald::backend::LeaseRef { id, token }],
             &["h".to_string()],
             &["acme".to_string()],
             Duration::from_secs(60),

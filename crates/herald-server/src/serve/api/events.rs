@@ -5,7 +5,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
-use herald::store::EventFilter;
+use herald::backend::EventFilter;
 use herald::{Event, EventId, EventState, Millis};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;

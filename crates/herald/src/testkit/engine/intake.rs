@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Rig, H, QUIET, SOON, T};
+use crate::backend::Store;
 use crate::client::{Client, ClientError, EmitOptions, EmitRequest};
 use crate::model::{EventId, EventState, Notification};
-use crate::store::Store;
 use crate::testkit::eventually;
 use crate::testkit::faults::Faulty;
 
