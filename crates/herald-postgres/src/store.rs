@@ -255,6 +255,10 @@ impl Operator for PgStore {
 
 #[async_trait]
 impl Schedules for PgStore {
+    async fn clock(&self) -> StoreResult<herald::Millis> {
+        Ok(EventStore::inspect(self, &[]).await?.now)
+    }
+
     async fn put_schedule(&self, schedule: &Schedule) -> StoreResult<bool> {
         retry("put_schedule", || self.put_schedule_once(schedule)).await
     }

@@ -212,6 +212,10 @@ impl Operator for SweepSpy {
 
 #[async_trait]
 impl Schedules for SweepSpy {
+    async fn clock(&self) -> StoreResult<herald::Millis> {
+        self.inner.clock().await
+    }
+
     async fn put_schedule(&self, schedule: &Schedule) -> StoreResult<bool> {
         self.inner.put_schedule(schedule).await
     }

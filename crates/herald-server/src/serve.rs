@@ -21,6 +21,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use herald::backend::{Schedules, Topics};
 use herald::escape::escaped;
 use herald::{Client, Context, Handler, MemoryQueue, Queue, Store, StoreError, Worker};
 use herald_postgres::PgStore;
@@ -209,6 +210,7 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
         tracing::warn!(%addr, "no API token is configured: anyone who can connect to this loopback address acts as the operator; set auth.operator_token_sha256 to require a token");
     }
     let state = Arc::new(api::AppState {
+        schedules: store.clone(),
         client: Client::new(store.clone(), queue.clone())
             .max_payload(config.max_payload_bytes)
             .notify_linger(config.notify_linger)
@@ -392,7 +394,7 @@ async fn refuse_read_only(store: &PgStore, location: &str) -> Result<(), StoreEr
 /// SIGHUP: its `[[subscriptions]]` replace those an earlier start or
 /// reload took from the file, its `[[schedules]]` likewise; the API's stay.
 async fn apply_declared(store: &dyn Store, config: &ServeConfig) -> Result<(), ServeError> {
-    let synced = store.sync_subscriptions(&config.subscriptions).await?;
+    let synced = Topics::sync_subscriptions(store, &config.subscriptions).await?;
     tracing::info!(
         declared = config.subscriptions.len(),
         added = synced.added,
@@ -403,7 +405,7 @@ async fn apply_declared(store: &dyn Store, config: &ServeConfig) -> Result<(), S
 }
 
 /// Writes the configuration's `[[schedules]]` to the store.
-async fn apply_schedules(store: &dyn Store, config: &ServeConfig) -> Result<(), ServeError> {
+async fn apply_schedules(store: &dyn Schedules, config: &ServeConfig) -> Result<(), ServeError> {
     let applied = schedules::apply(store, &config.schedules, config.max_payload_bytes)
         .await
         .map_err(|e| match e {

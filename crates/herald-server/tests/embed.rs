@@ -74,6 +74,7 @@ async fn a_program_embeds_the_config_the_handlers_and_the_api() {
 
     // herald's API on this program's own listener.
     let state = Arc::new(api::AppState {
+        schedules: store.clone(),
         client: Client::new(store.clone(), queue.clone()),
         tokens: auth::Tokens::new(&config.auth),
         tracker,

@@ -276,6 +276,10 @@ impl Operator for SqliteStore {
 
 #[async_trait]
 impl Schedules for SqliteStore {
+    async fn clock(&self) -> StoreResult<herald::Millis> {
+        Ok(EventStore::inspect(self, &[]).await?.now)
+    }
+
     async fn put_schedule(&self, schedule: &Schedule) -> StoreResult<bool> {
         let schedule = schedule.clone();
         self.call("put_schedule", move |conn, now| {

@@ -531,14 +531,6 @@ pub trait EventStore: Send + Sync + 'static {
     /// Loads events and their matching rules, to learn why a claim failed.
     async fn inspect(&self, ids: &[EventId]) -> StoreResult<Inspection>;
 
-    /// The store's clock: what a caller computes a time from when the store
-    /// compares that time with its own clock (a new schedule's first
-    /// occurrence), so that the caller's wall clock plays no part. The
-    /// default reads it with an [`EventStore::inspect`] of no events.
-    async fn clock(&self) -> StoreResult<Millis> {
-        Ok(self.inspect(&[]).await?.now)
-    }
-
     /// Ends runs. Returns, per item in order, whether the fence held (the
     /// token still matched) and the write happened.
     async fn settle(&self, batch: &[Settle]) -> StoreResult<Vec<bool>>;
@@ -714,6 +706,12 @@ pub trait Operator: Send + Sync + 'static {
 /// firing of due occurrences.
 #[async_trait]
 pub trait Schedules: Send + Sync + 'static {
+    /// The store's clock: what a caller computes a time from when the store
+    /// compares that time with its own clock (a new schedule's first
+    /// occurrence), so that the caller's wall clock plays no part. A store
+    /// may read it with an [`EventStore::inspect`] of no events.
+    async fn clock(&self) -> StoreResult<Millis>;
+
     /// Creates the schedule `(tenant, name)` or replaces its definition.
     /// A replacement with the same occurrences
     /// ([`Schedule::same_occurrences`]: cadence and zone) keeps the stored

@@ -14,7 +14,8 @@ pub use crate::group_commit::{
 };
 use crate::handler::Job;
 use crate::model::{
-    Emitted, Event, EventId, EventState, NewEvent, Rule, RuleKind, RuleMatch, RunAt, Subscription,
+    AttemptError, Emitted, Event, EventId, EventState, NewEvent, Rule, RuleKind, RuleMatch, RunAt,
+    Subscription,
 };
 use crate::publisher::{created, Publisher};
 pub use crate::publisher::{DEFAULT_NOTIFY_LINGER, DEFAULT_NOTIFY_PUBLISHES, DEFAULT_NOTIFY_WAIT};
@@ -311,11 +312,6 @@ impl Client {
     /// The payload size limit in bytes ([`Client::max_payload`]).
     pub fn payload_limit(&self) -> usize {
         self.max_payload
-    }
-
-    /// The store.
-    pub fn store(&self) -> &Arc<dyn Store> {
-        &self.store
     }
 
     /// The queue.
@@ -690,6 +686,12 @@ impl Client {
     /// One event.
     pub async fn get(&self, id: EventId) -> Result<Option<Event>, ClientError> {
         Ok(self.store.get(id).await?)
+    }
+
+    /// The event's error history, oldest first (see
+    /// [`Operator::history`](crate::backend::Operator::history)).
+    pub async fn history(&self, id: EventId) -> Result<Vec<AttemptError>, ClientError> {
+        Ok(self.store.history(id).await?)
     }
 
     /// Events matching `filter`, in id order.

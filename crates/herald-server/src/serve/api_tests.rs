@@ -72,6 +72,7 @@ impl Harness {
                 .start()
         });
         let state = Arc::new(AppState {
+            schedules: store.clone(),
             client: Client::new(store, queue).max_payload(max_payload),
             tokens: Tokens::new(&auth),
             tracker,

@@ -7,8 +7,9 @@
 
 use std::collections::HashSet;
 
+use herald::backend::Schedules;
 use herald::schedule::{ScheduleDef, ScheduleError, ScheduleSource};
-use herald::{Store, StoreError};
+use herald::StoreError;
 
 /// What applying the file's schedules did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -44,7 +45,7 @@ pub enum ApplyError {
 /// Writes `defs` (the file's schedules) to the store and deletes the file's
 /// schedules that are not among them.
 pub async fn apply(
-    store: &dyn Store,
+    store: &dyn Schedules,
     defs: &[ScheduleDef],
     max_payload: usize,
 ) -> Result<Applied, ApplyError> {

@@ -286,6 +286,10 @@ impl Operator for Faulty {
 
 #[async_trait::async_trait]
 impl Schedules for Faulty {
+    async fn clock(&self) -> StoreResult<crate::Millis> {
+        self.inner.clock().await
+    }
+
     async fn put_schedule(&self, schedule: &Schedule) -> StoreResult<bool> {
         self.inner.put_schedule(schedule).await
     }

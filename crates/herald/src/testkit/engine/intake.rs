@@ -158,9 +158,9 @@ pub async fn idempotency_key_runs_once(store: Arc<dyn Store>) {
         std::time::Duration::from_millis(5),
     );
     tokio::time::sleep(tick).await;
-    rig.client.store().purge_keys(window, 100).await.unwrap();
+    rig.store.purge_keys(window, 100).await.unwrap();
     tokio::time::sleep(tick).await;
-    rig.client.store().purge_keys(window, 100).await.unwrap();
+    rig.store.purge_keys(window, 100).await.unwrap();
     let d = rig.client.emit_json(T, H, "{}", opts).await.unwrap();
     assert!(matches!(d, crate::Emitted::Created(_)));
     rig.runs_once(d.id()).await;
