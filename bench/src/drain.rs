@@ -355,12 +355,12 @@ async fn main() {
         c.execute("ROLLBACK").await.expect("rollback");
     }
     let left: u64 = client
-        .counts()
+        .handler_counts(&herald::CountsQuery::totals())
         .await
         .expect("counts")
         .iter()
         .filter(|c| c.handler == "noop")
-        .map(|c| c.count)
+        .map(|c| c.total())
         .sum();
     assert_eq!(left, 0, "every event must be deleted after the drain");
     let pg_cpu = match cpu::ms_between(ticks_before, ticks_after) {

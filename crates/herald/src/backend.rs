@@ -247,19 +247,6 @@ pub struct EventFilter {
     pub after: Option<EventId>,
 }
 
-/// Stored events counted by tenant, handler and state.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Count {
-    /// Tenant.
-    pub tenant: String,
-    /// Handler.
-    pub handler: String,
-    /// State.
-    pub state: EventState,
-    /// How many events.
-    pub count: u64,
-}
-
 /// Which counts [`Operator::counts`] returns.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CountsQuery {

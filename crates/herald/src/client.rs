@@ -7,15 +7,14 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use crate::backend::{Count, CountsQuery, EventFilter, HandlerCounts, Store, StoreError};
+use crate::backend::{CountsQuery, EventFilter, HandlerCounts, Store, StoreError};
 use crate::group_commit::GroupCommit;
 pub use crate::group_commit::{
     DEFAULT_EMIT_TIMEOUT, DEFAULT_GROUP_COMMIT_WRITES, GROUP_MAX_EVENTS,
 };
 use crate::handler::Job;
 use crate::model::{
-    AttemptError, Emitted, Event, EventId, EventState, NewEvent, Rule, RuleKind, RuleMatch, RunAt,
-    Subscription,
+    AttemptError, Emitted, Event, EventId, NewEvent, Rule, RuleKind, RuleMatch, RunAt, Subscription,
 };
 use crate::publisher::{created, Publisher};
 pub use crate::publisher::{DEFAULT_NOTIFY_LINGER, DEFAULT_NOTIFY_PUBLISHES, DEFAULT_NOTIFY_WAIT};
@@ -701,31 +700,6 @@ impl Client {
         limit: usize,
     ) -> Result<Vec<Event>, ClientError> {
         Ok(self.store.list(filter, limit).await?)
-    }
-
-    /// Stored events counted by tenant, handler and state, exactly (it
-    /// reads every pending event: on big tables prefer
-    /// [`Client::handler_counts`]). Kept for compatibility.
-    pub async fn counts(&self) -> Result<Vec<Count>, ClientError> {
-        let rows = self.store.counts(&CountsQuery::totals()).await?;
-        let mut out = Vec::new();
-        for r in rows {
-            for (state, count) in [
-                (EventState::Pending, r.pending()),
-                (EventState::Dead, r.dead),
-                (EventState::Done, r.done),
-            ] {
-                if count > 0 {
-                    out.push(Count {
-                        tenant: r.tenant.clone(),
-                        handler: r.handler.clone(),
-                        state,
-                        count,
-                    });
-                }
-            }
-        }
-        Ok(out)
     }
 
     /// Counts per `(tenant, handler)`: waiting, running, delayed, held,

@@ -92,7 +92,13 @@ pub(super) async fn run(args: DrainArgs) -> Result<Report, BenchError> {
     worker.shutdown(Duration::from_secs(5)).await;
 
     // Every runnable event gone, every backlog event still stored.
-    let left: u64 = bench.client.counts().await?.iter().map(|c| c.count).sum();
+    let left: u64 = bench
+        .client
+        .handler_counts(&herald::CountsQuery::totals())
+        .await?
+        .iter()
+        .map(|c| c.total())
+        .sum();
     if left != args.backlog {
         return Err(BenchError::Failed(format!(
             "after the drain the store holds {left} events, not the backlog's {}",

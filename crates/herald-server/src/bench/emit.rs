@@ -96,7 +96,13 @@ pub(super) async fn run(args: EmitArgs) -> Result<Report, BenchError> {
     bench.hook.call("batched-end").await?;
     let cpu = cpu_ms(cpu, process_cpu());
 
-    let stored: u64 = bench.client.counts().await?.iter().map(|c| c.count).sum();
+    let stored: u64 = bench
+        .client
+        .handler_counts(&herald::CountsQuery::totals())
+        .await?
+        .iter()
+        .map(|c| c.total())
+        .sum();
     if stored != args.single + args.batched {
         return Err(BenchError::Failed(format!(
             "{stored} events stored, not the {} emitted",

@@ -110,7 +110,13 @@ pub(super) async fn run(args: TopicArgs) -> Result<Report, BenchError> {
         let cpu = cpu_ms(cpu, process_cpu());
         bar.finish_and_clear();
         bench.hook.call(&format!("{phase}-end")).await?;
-        let stored: u64 = bench.client.counts().await?.iter().map(|c| c.count).sum();
+        let stored: u64 = bench
+            .client
+            .handler_counts(&herald::CountsQuery::totals())
+            .await?
+            .iter()
+            .map(|c| c.total())
+            .sum();
         let events = emits * u64::from(count);
         if stored - stored_before != events {
             return Err(BenchError::Failed(format!(

@@ -58,10 +58,14 @@ pub async fn unknown_handler_is_stored_and_kept(store: Arc<dyn Store>) {
     }
     let e = rig.store.get(id).await.unwrap().expect("kept");
     assert_eq!((e.state, e.attempt), (EventState::Pending, 0));
-    let counts = rig.client.counts().await.unwrap();
+    let counts = rig
+        .client
+        .handler_counts(&crate::CountsQuery::totals())
+        .await
+        .unwrap();
     assert!(counts
         .iter()
-        .any(|c| c.handler == "not_deployed_yet" && c.count == 1));
+        .any(|c| c.handler == "not_deployed_yet" && c.total() == 1));
     w.shutdown(SOON).await;
 }
 
