@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
+use herald::backend::sweep::{Candidate, Source, Step, Sweep, Writes, PARKED};
 use herald::backend::{StoreResult, SweepPage, SweepPass};
-use herald::sweep::{Candidate, Source, Step, Sweep, Writes, PARKED};
 use herald::Millis;
 use rusqlite::{params, Connection};
 

@@ -22,6 +22,8 @@
 //! [`EventStore::renew`], [`EventStore::inspect`]) touch events by primary
 //! key only. Lease expiry and `run_at` are judged by the store's own clock.
 
+pub mod sweep;
+
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -610,7 +612,7 @@ pub trait Reconciliation: Send + Sync + 'static {
     /// complete. The fixed cutoff is what ends a pass whose quiet period is
     /// shorter than the pass itself takes.
     ///
-    /// [`crate::sweep::Sweep`] decides the call; a store carries out its
+    /// [`crate::backend::sweep::Sweep`] decides the call; a store carries out its
     /// steps in one short transaction.
     async fn sweep(
         &self,

@@ -182,8 +182,9 @@ pub struct Policy {
     /// Backoff between failed attempts.
     pub retry: RetryPolicy,
     /// The longest delay the queue can hold a message for (`None`: no limit).
-    /// Longer delays bounce at this maximum until due.
-    pub max_queue_delay: Option<Duration>,
+    /// Longer delays bounce at this maximum until due. Set when a worker
+    /// starts, from its queue.
+    pub(crate) max_queue_delay: Option<Duration>,
     /// Delay after losing a compare-and-set claim. Default 100 ms.
     pub lost_claim_delay: Duration,
     /// Extra random wait after a live lease's expiry, so that the workers who
@@ -191,8 +192,9 @@ pub struct Policy {
     pub lease_jitter: Duration,
     /// Delay before a notification whose store step failed comes back. Default 1 s.
     pub store_retry_delay: Duration,
-    /// Keep done events (archive) instead of deleting them.
-    pub keep_done: bool,
+    /// Keep done events (archive) instead of deleting them. Set when a
+    /// worker starts, from [`WorkerConfig::done_retention`](crate::WorkerConfig::done_retention).
+    pub(crate) keep_done: bool,
 }
 
 impl Default for Policy {
@@ -205,6 +207,27 @@ impl Default for Policy {
             store_retry_delay: Duration::from_secs(1),
             keep_done: false,
         }
+    }
+}
+
+#[cfg(feature = "testkit")]
+impl Policy {
+    /// This policy with what a worker decides when it starts: its queue's
+    /// longest delay and whether done events are kept (for property tests).
+    pub fn decided(mut self, max_queue_delay: Option<Duration>, keep_done: bool) -> Self {
+        self.max_queue_delay = max_queue_delay;
+        self.keep_done = keep_done;
+        self
+    }
+
+    /// The queue's longest delay, as decided at start.
+    pub fn max_queue_delay(&self) -> Option<Duration> {
+        self.max_queue_delay
+    }
+
+    /// Whether done events are kept, as decided at start.
+    pub fn keep_done(&self) -> bool {
+        self.keep_done
     }
 }
 
