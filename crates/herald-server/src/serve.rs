@@ -26,7 +26,7 @@ use herald::escape::escaped;
 use herald::{Client, Context, Handler, MemoryQueue, Queue, Store, StoreError, Worker};
 use herald_postgres::PgStore;
 
-use crate::handlers::{self, HandlerConfig};
+use crate::runners::{self, HandlerConfig};
 use herald_sqlite::SqliteStore;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio_util::sync::CancellationToken;
@@ -113,19 +113,19 @@ pub type NamedHandlers = Vec<(String, Arc<dyn Handler>)>;
 /// reported to `watch`.
 pub fn build_handlers(
     config: &ServeConfig,
-    watch: &handlers::RunWatch,
+    watch: &runners::RunWatch,
 ) -> Result<NamedHandlers, ConfigError> {
     let mut built = Vec::with_capacity(config.handlers.len());
     for (name, value) in &config.handlers {
         let handler = HandlerConfig::from_toml(name, value.clone())
             .and_then(|h| h.build(name, watch))
             .map_err(|e| match e {
-                handlers::ConfigError::Key { key, message } => {
+                runners::ConfigError::Key { key, message } => {
                     ConfigError::invalid(config.origin(), key, message)
                 }
                 // Only the handlers module's tests parse whole documents.
                 #[cfg(test)]
-                handlers::ConfigError::Toml(message) => {
+                runners::ConfigError::Toml(message) => {
                     ConfigError::invalid(config.origin(), format!("handlers.{name}"), message)
                 }
             })?;
@@ -146,12 +146,12 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
     let config = config::load(&overrides, &|k| std::env::var(k).ok())?;
     // Before any command runs: end what a dead server left running, then
     // make sure that this one's runs end with it, however it ends.
-    let lock = handlers::leftovers::start(std::env::var("XDG_RUNTIME_DIR").ok().as_deref());
+    let lock = runners::leftovers::start(std::env::var("XDG_RUNTIME_DIR").ok().as_deref());
     let server_id = lock.as_ref().map_or_else(
         || format!("{:016x}", rand::random::<u64>()),
         |l| l.id().to_string(),
     );
-    let watch = handlers::RunWatch::start(server_id).map_err(ServeError::Watchdog)?;
+    let watch = runners::RunWatch::start(server_id).map_err(ServeError::Watchdog)?;
     let mut handlers: Vec<(String, Option<Arc<dyn Handler>>)> = build_handlers(&config, &watch)?
         .into_iter()
         .map(|(n, h)| (n, Some(h)))

@@ -11,7 +11,7 @@ use std::time::Duration;
 use axum::{body::Bytes, http::HeaderMap, routing::post, Router};
 use herald::{Client, MemoryQueue, Worker};
 use herald_server::config::{self, Overrides, StoreLocation};
-use herald_server::handlers::RunWatch;
+use herald_server::runners::RunWatch;
 use herald_server::serve::{self, api, auth, recent, telemetry};
 use herald_sqlite::SqliteStore;
 use tokio::sync::mpsc;

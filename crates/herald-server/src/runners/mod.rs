@@ -1,5 +1,5 @@
-//! Server-mode handlers: what `herald serve` runs for an event, per handler
-//! name, as configured in `herald.toml`.
+//! The runners of `herald serve`: the webhook and command handlers it runs
+//! for an event, per handler name, as configured in `herald.toml`.
 //!
 //! ```toml
 //! [handlers.send_email]
