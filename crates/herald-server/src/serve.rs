@@ -7,7 +7,7 @@ pub mod api;
 pub mod auth;
 pub mod error;
 pub mod recent;
-pub mod schedules;
+mod schedules;
 pub mod telemetry;
 mod ui;
 
