@@ -17,7 +17,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), herald::StoreError> {
-//! use herald::Store;
+//! use herald::backend::Operator;
 //! herald_postgres::migrate("postgres://postgres@127.0.0.1/app", "herald").await?;
 //! let store = herald_postgres::PgStore::connect("postgres://postgres@127.0.0.1/app").await?;
 //! let counts = store.counts(&herald::CountsQuery::all()).await?;
@@ -29,7 +29,7 @@
 //! notifications with [`herald::Client::notify_emitted`]. If the process dies
 //! between the commit and the publish, the reconciler notifies them.
 
-// The `Store` methods are in `store`, each with its guards and retries,
+// The backend role traits are in `store`, each with its guards and retries,
 // delegating one try to the module of its role.
 mod admin;
 mod claim;

@@ -13,13 +13,13 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), herald::StoreError> {
-//! use herald::Store;
+//! use herald::backend::Operator;
 //! let store = herald_sqlite::SqliteStore::open("herald.db")?;
 //! let counts = store.counts(&herald::CountsQuery::all()).await?;
 //! # Ok(()) }
 //! ```
 
-// The `Store` methods are in `store`, each carried to the writer thread and
+// The backend role traits are in `store`, each carried to the writer thread and
 // delegated to the module of its role.
 mod admin;
 mod claim;
