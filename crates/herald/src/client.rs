@@ -700,7 +700,7 @@ impl Client {
     }
 
     /// The event's error history, oldest first (see
-    /// [`Operator::history`](crate::backend::Operator::history)).
+    /// [`Operator::history`]).
     pub async fn history(&self, id: EventId) -> Result<Vec<AttemptError>, ClientError> {
         Ok(self.operator.history(id).await?)
     }

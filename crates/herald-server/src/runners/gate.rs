@@ -35,20 +35,19 @@ use nix::sys::memfd::{memfd_create, MFdFlags};
 use nix::unistd::pipe2;
 
 /// The shell that runs the gate.
-pub(super) const SHELL: &str = "/bin/sh";
+pub const SHELL: &str = "/bin/sh";
 
 /// The gate's script: `sh -c SCRIPT PROGRAM ARGS…`. Waits for the line on
 /// fd 1, then becomes the program with stdout on `/dev/null`.
-pub(super) const SCRIPT: &str = r#"read -r go <&1 || exit 124; exec "$0" "$@" >/dev/null"#;
+pub const SCRIPT: &str = r#"read -r go <&1 || exit 124; exec "$0" "$@" >/dev/null"#;
 
 /// The gate's exit status when its line never came (the server died or
 /// gave up the run first): the program was not started.
-#[cfg_attr(not(test), allow(dead_code))] // SCRIPT spells it out
-pub(crate) const NOT_STARTED: i32 = 124;
+pub const NOT_STARTED: i32 = 124;
 
 /// The payload as a file: an anonymous in-memory file holding it, its
 /// offset back at the start.
-pub(super) fn payload_file(payload: &[u8]) -> std::io::Result<OwnedFd> {
+pub fn payload_file(payload: &[u8]) -> std::io::Result<OwnedFd> {
     let fd = memfd_create("herald-payload", MFdFlags::MFD_CLOEXEC)?;
     let mut file = File::from(fd);
     file.write_all(payload)?;
@@ -58,11 +57,7 @@ pub(super) fn payload_file(payload: &[u8]) -> std::io::Result<OwnedFd> {
 
 /// The gate's command: `sh -c SCRIPT PROGRAM ARGS…`, with `waits_on` (a
 /// [`Latch`]'s read end) as its stdout.
-pub(super) fn command(
-    program: &Path,
-    args: &[String],
-    waits_on: OwnedFd,
-) -> tokio::process::Command {
+pub fn command(program: &Path, args: &[String], waits_on: OwnedFd) -> tokio::process::Command {
     let mut gate = tokio::process::Command::new(SHELL);
     gate.arg("-c")
         .arg(SCRIPT)
@@ -75,13 +70,13 @@ pub(super) fn command(
 /// The server's end of the pipe a gate waits on. Both ends are
 /// close-on-exec, so no other child inherits this one (which would keep a
 /// gate from ever seeing EOF).
-pub(super) struct Latch {
+pub struct Latch {
     write: File,
 }
 
 impl Latch {
     /// A new pipe: the latch, and the read end for the gate.
-    pub(super) fn new() -> std::io::Result<(Latch, OwnedFd)> {
+    pub fn new() -> std::io::Result<(Latch, OwnedFd)> {
         let (read, write) = pipe2(OFlag::O_CLOEXEC)?;
         Ok((
             Latch {
@@ -93,7 +88,7 @@ impl Latch {
 
     /// Lets the gate start its program. A few bytes into a new pipe: never
     /// blocks. An error means the gate is gone (then its exit says so).
-    pub(super) fn open(mut self) -> std::io::Result<()> {
+    pub fn open(mut self) -> std::io::Result<()> {
         self.write.write_all(b"go\n")
     }
 }

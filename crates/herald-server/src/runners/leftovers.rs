@@ -25,12 +25,12 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
 /// The variable that names the server of a run.
-pub(crate) const SERVER_ID_VAR: &str = "HERALD_SERVER_ID";
+pub const SERVER_ID_VAR: &str = "HERALD_SERVER_ID";
 
 /// This server's claim: its id and the lock that says it is alive. The
 /// lock file is removed on drop (a clean exit); after a crash the next
 /// server removes it.
-pub(crate) struct ServerLock {
+pub struct ServerLock {
     id: String,
     path: PathBuf,
     _lock: Flock<File>,
@@ -38,7 +38,7 @@ pub(crate) struct ServerLock {
 
 impl ServerLock {
     /// This server's id.
-    pub(crate) fn id(&self) -> &str {
+    pub fn id(&self) -> &str {
         &self.id
     }
 }
@@ -52,7 +52,7 @@ impl Drop for ServerLock {
 /// The directory of the lock files: `$XDG_RUNTIME_DIR/herald`, or
 /// `/tmp/herald-UID`. Created (mode 0700) if missing; refused if it is not
 /// a directory of ours (someone else's could hide or plant lock files).
-pub(crate) fn runtime_dir(xdg_runtime_dir: Option<&str>) -> io::Result<PathBuf> {
+pub fn runtime_dir(xdg_runtime_dir: Option<&str>) -> io::Result<PathBuf> {
     let dir = match xdg_runtime_dir.filter(|d| !d.is_empty()) {
         Some(d) => Path::new(d).join("herald"),
         None => PathBuf::from(format!("/tmp/herald-{}", nix::unistd::getuid())),
@@ -75,7 +75,7 @@ pub(crate) fn runtime_dir(xdg_runtime_dir: Option<&str>) -> io::Result<PathBuf> 
 /// Takes a new id and its lock in `dir`. The lock file appears already
 /// locked (locked under a temporary name, then renamed), so that another
 /// server's scan never takes a starting server for a dead one.
-pub(crate) fn claim(dir: &Path) -> io::Result<ServerLock> {
+pub fn claim(dir: &Path) -> io::Result<ServerLock> {
     let id = format!("{:016x}", rand::random::<u64>());
     let temporary = dir.join(format!(".server-{id}.tmp"));
     let file = File::create(&temporary)?;
@@ -123,7 +123,7 @@ fn pgid_in(stat: &str) -> Option<i32> {
 
 /// What [`kill_leftovers`] did, for the log.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct Killed {
+pub struct Killed {
     /// Per dead server id: the pids found, by their process group.
     pub by_server: BTreeMap<String, BTreeMap<i32, Vec<i32>>>,
     /// Lock files of dead servers removed.
@@ -132,7 +132,7 @@ pub(crate) struct Killed {
 
 /// Kills the runs of every server whose lock file in `dir` nobody holds
 /// (`own` is skipped), and removes those lock files.
-pub(crate) fn kill_leftovers(dir: &Path, own: &str) -> io::Result<Killed> {
+pub fn kill_leftovers(dir: &Path, own: &str) -> io::Result<Killed> {
     let mut dead: BTreeMap<String, (PathBuf, Flock<File>)> = BTreeMap::new();
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
@@ -212,7 +212,7 @@ pub(crate) fn kill_leftovers(dir: &Path, own: &str) -> io::Result<Killed> {
 /// Finds and kills leftovers at start and claims this server's lock,
 /// logging what happened. Without a usable runtime directory the server
 /// runs on, unprotected against that case, with a warning.
-pub(crate) fn start(xdg_runtime_dir: Option<&str>) -> Option<ServerLock> {
+pub fn start(xdg_runtime_dir: Option<&str>) -> Option<ServerLock> {
     let dir = match runtime_dir(xdg_runtime_dir) {
         Ok(d) => d,
         Err(e) => {

@@ -28,9 +28,9 @@
 //! about, e.g. `handlers.send_email.url: relative URL without a base`.
 //! The operator's guide is `docs/handlers.md`.
 
-mod command;
-mod gate;
-pub(crate) mod leftovers;
+pub mod command;
+pub mod gate;
+pub mod leftovers;
 #[cfg(test)]
 mod log_tests;
 pub mod watchdog;
