@@ -284,12 +284,12 @@ async fn main() {
     }
 
     let left: u64 = client
-        .counts()
+        .handler_counts(&herald::CountsQuery::totals())
         .await
         .expect("counts")
         .iter()
         .filter(|c| c.handler == "noop")
-        .map(|c| c.count)
+        .map(|c| c.total())
         .sum();
     assert_eq!(
         left, 0,

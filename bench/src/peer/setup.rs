@@ -134,7 +134,11 @@ impl Bench {
 
     /// The events the store holds, in every state.
     pub(super) async fn stored(&self) -> Result<u64, BenchError> {
-        Ok(self.client.counts().await?.iter().map(|c| c.count).sum())
+        let rows = self
+            .client
+            .handler_counts(&herald::CountsQuery::totals())
+            .await?;
+        Ok(rows.iter().map(|c| c.total()).sum())
     }
 
     /// A report for `scenario` with the target and the settings that

@@ -12,9 +12,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer;
+use herald::backend::{EventStore, Operator};
 use herald::testkit::{stored, Ledger};
 use herald::{
-    Client, Context, EmitOptions, EmitRequest, EventId, HandlerError, Store, Worker, WorkerConfig,
+    Client, Context, EmitOptions, EmitRequest, EventId, HandlerError, Worker, WorkerConfig,
 };
 use herald_nats::testing::{fresh_stream, test_name, unreachable, OwnServer};
 use herald_nats::{NatsConfig, NatsQueue};

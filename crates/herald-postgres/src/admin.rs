@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use herald::store::Scheduled;
+use herald::backend::Scheduled;
 use herald::{EventId, EventState, StoreError};
 use uuid::Uuid;
 
@@ -11,7 +11,7 @@ use crate::rows::{limit_i64, ms, Ctx, DbError, DbResult};
 use crate::PgStore;
 
 impl PgStore {
-    /// One try of [`herald::Store::revive`].
+    /// One try of [`herald::backend::Operator::revive`].
     pub(crate) async fn revive_once(&self, id: EventId) -> DbResult<Option<Scheduled>> {
         const OP: &str = "revive";
         // Reviving must not make a second live event with the same
@@ -44,13 +44,13 @@ impl PgStore {
         }
     }
 
-    /// One try of [`herald::Store::delete`].
+    /// One try of [`herald::backend::Operator::delete`].
     pub(crate) async fn delete_once(&self, id: EventId) -> DbResult<bool> {
         self.exec_one("delete", sqlx::query(&self.sql.delete).bind(id.0))
             .await
     }
 
-    /// One try of [`herald::Store::purge`]: old dead events, then done
+    /// One try of [`herald::backend::Reconciliation::purge`]: old dead events, then done
     /// ones, up to `limit` in all.
     pub(crate) async fn purge_once(
         &self,

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use herald::store::{Inspected, Inspection};
+use herald::backend::{Inspected, Inspection};
 use herald::{Event, Millis, RuleMatch};
 use sqlx::Row;
 use uuid::Uuid;
@@ -12,7 +12,7 @@ use crate::rows::{event, event_row, ms, Ctx, DbResult, EVENT_COLUMN_COUNT};
 use crate::PgStore;
 
 impl PgStore {
-    /// One try of [`herald::Store::claim`]: `ids` sorted, without repeats,
+    /// One try of [`herald::backend::EventStore::claim`]: `ids` sorted, without repeats,
     /// and `tokens` theirs, in the same order.
     pub(crate) async fn claim_once(
         &self,
@@ -38,7 +38,7 @@ impl PgStore {
             .ctx(OP)
     }
 
-    /// One try of [`herald::Store::inspect`].
+    /// One try of [`herald::backend::EventStore::inspect`].
     pub(crate) async fn inspect_once(&self, ids: &[Uuid]) -> DbResult<Inspection> {
         const OP: &str = "inspect";
         let rows = sqlx::query(&self.sql.inspect)

@@ -6,8 +6,8 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use herald::backend::StoreResult;
 use herald::escape::escaped;
-use herald::store::StoreResult;
 use herald::{Emitted, EventId, NewEvent, RunAt, StoreError};
 use sqlx::PgConnection;
 use uuid::Uuid;
@@ -243,7 +243,7 @@ impl PgStore {
             .ctx("emit")
     }
 
-    /// One try of [`herald::Store::purge_keys`].
+    /// One try of [`herald::backend::Reconciliation::purge_keys`].
     pub(crate) async fn purge_keys_once(&self, window: Duration, limit: usize) -> DbResult<u64> {
         let gone: i64 = sqlx::query_scalar(&self.sql.purge_keys)
             .bind(ms(window))
@@ -254,7 +254,7 @@ impl PgStore {
         Ok(gone.max(0) as u64)
     }
 
-    /// [`herald::Store::emit`] once: a single statement when no event has a key,
+    /// [`herald::backend::EventStore::emit`] once: a single statement when no event has a key,
     /// otherwise a transaction (the look-ups follow the insert, and a
     /// failure must store nothing).
     pub(crate) async fn emit_once(&self, events: &[NewEvent]) -> DbResult<Vec<Emitted>> {
@@ -268,7 +268,7 @@ impl PgStore {
         Ok(out)
     }
 
-    /// [`herald::Store::emit`]: tries again on a transient failure (as [`crate::retry::retry`])
+    /// [`herald::backend::EventStore::emit`]: tries again on a transient failure (as [`crate::retry::retry`])
     /// and on a lost connection ([`EMIT_TRIES`], with growing pauses), which
     /// is safe because the insert does nothing for ids that exist.
     pub(crate) async fn emit_retrying(&self, events: &[NewEvent]) -> StoreResult<Vec<Emitted>> {

@@ -8,7 +8,7 @@ use crate::rows::{ms, Ctx, DbResult};
 use crate::PgStore;
 
 impl PgStore {
-    /// One try of [`herald::Store::lead`].
+    /// One try of [`herald::backend::LeaderElection::lead`].
     pub(crate) async fn lead_once(
         &self,
         role: &str,
@@ -28,7 +28,7 @@ impl PgStore {
         })
     }
 
-    /// One try of [`herald::Store::resign`]: whether `holder` held `role`.
+    /// One try of [`herald::backend::LeaderElection::resign`]: whether `holder` held `role`.
     pub(crate) async fn resign_once(&self, role: &str, holder: &str) -> DbResult<bool> {
         self.exec_one(
             "resign",

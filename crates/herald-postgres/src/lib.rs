@@ -17,7 +17,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), herald::StoreError> {
-//! use herald::Store;
+//! use herald::backend::Operator;
 //! herald_postgres::migrate("postgres://postgres@127.0.0.1/app", "herald").await?;
 //! let store = herald_postgres::PgStore::connect("postgres://postgres@127.0.0.1/app").await?;
 //! let counts = store.counts(&herald::CountsQuery::all()).await?;
@@ -29,7 +29,7 @@
 //! notifications with [`herald::Client::notify_emitted`]. If the process dies
 //! between the commit and the publish, the reconciler notifies them.
 
-// The `Store` methods are in `store`, each with its guards and retries,
+// The backend role traits are in `store`, each with its guards and retries,
 // delegating one try to the module of its role.
 mod admin;
 mod claim;
@@ -54,7 +54,7 @@ mod topics;
 use std::sync::Arc;
 use std::time::Duration;
 
-use herald::store::StoreResult;
+use herald::backend::StoreResult;
 use herald::{Emitted, NewEvent, StoreError};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection, PgConnection};
@@ -225,8 +225,8 @@ impl PgStore {
     /// after the emit that stored it and after the event finished (default
     /// [`herald::DEFAULT_IDEMPOTENCY_WINDOW`], 24 h): an emit with the key
     /// within it returns that event, even if it has finished.
-    /// [`herald::Store::upkeep`] (the elected reconciler's pass) purges the
-    /// keys past it ([`herald::Store::purge_keys`]).
+    /// [`herald::backend::Reconciliation::upkeep`] (the elected reconciler's pass) purges the
+    /// keys past it ([`herald::backend::Reconciliation::purge_keys`]).
     pub fn with_idempotency_window(mut self, window: Duration) -> PgStore {
         self.idempotency_window = window;
         self
@@ -263,7 +263,7 @@ impl PgStore {
     }
 
     /// Stores events inside the caller's transaction (or on any connection):
-    /// the same as [`Store::emit`](herald::Store::emit), but nothing is
+    /// the same as [`EventStore::emit`](herald::backend::EventStore::emit), but nothing is
     /// visible, and nothing will run, unless the caller commits. After the commit, publish with
     /// [`herald::Client::notify_emitted`]; if that never happens (a crash
     /// in between), the reconciler notifies them after its quiet period.

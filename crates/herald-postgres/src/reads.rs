@@ -1,7 +1,7 @@
 //! The reads of the API and the dashboard: one event, its error history,
 //! listings and counts.
 
-use herald::store::{
+use herald::backend::{
     CappedCount, CountsQuery, EventFilter, HandlerCounts, PendingSample, StoreResult,
 };
 use herald::{AttemptError, Event, EventId, EventState, StoreError};
@@ -13,7 +13,7 @@ use crate::rows::{event_row, limit_i64, Ctx, DbResult};
 use crate::PgStore;
 
 impl PgStore {
-    /// [`herald::Store::get`].
+    /// [`herald::backend::Operator::get`].
     pub(crate) async fn get_once(&self, id: EventId) -> StoreResult<Option<Event>> {
         const OP: &str = "get";
         Ok(sqlx::query(&self.sql.get)
@@ -27,7 +27,7 @@ impl PgStore {
             .ctx(OP)?)
     }
 
-    /// [`herald::Store::history`].
+    /// [`herald::backend::Operator::history`].
     pub(crate) async fn history_once(&self, id: EventId) -> StoreResult<Vec<AttemptError>> {
         const OP: &str = "history";
         let text: Option<Option<String>> = sqlx::query_scalar(&self.sql.history)
@@ -43,7 +43,7 @@ impl PgStore {
         }
     }
 
-    /// [`herald::Store::list`], `limit` above 0.
+    /// [`herald::backend::Operator::list`], `limit` above 0.
     pub(crate) async fn list_once(
         &self,
         filter: &EventFilter,
@@ -114,7 +114,7 @@ impl PgStore {
         }
     }
 
-    /// [`herald::Store::counts`].
+    /// [`herald::backend::Operator::counts`].
     pub(crate) async fn counts_once(&self, query: &CountsQuery) -> StoreResult<Vec<HandlerCounts>> {
         const OP: &str = "counts";
         let pairs: Vec<(String, String)> = match &query.tenant {

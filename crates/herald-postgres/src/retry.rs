@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
+use herald::backend::StoreResult;
 use herald::escape::escaped;
-use herald::store::StoreResult;
 use herald::StoreError;
 
 use crate::rows::DbResult;

@@ -131,7 +131,7 @@ pub(crate) fn turn(leaves: &[Leaf], now: i64, times: RingTimes) -> Turn {
 }
 
 impl PgStore {
-    /// One turn of the ring ([`herald::Store::upkeep`]): reads the ring,
+    /// One turn of the ring ([`herald::backend::Reconciliation::upkeep`]): reads the ring,
     /// then retires and flips as [`turn`] says. A leaf or the ring held by
     /// another transaction (lock_timeout, 55P03) waits for a later pass.
     pub(crate) async fn turn_ring(&self) -> DbResult<()> {

@@ -1,7 +1,7 @@
 //! Pause and block rules, and the re-notification of a handler's pending
 //! events when a rule is lifted.
 
-use herald::store::{Scheduled, StoreResult};
+use herald::backend::{Scheduled, StoreResult};
 use herald::{EventId, Millis, Rule, RuleKind, RuleMatch, StoreError};
 use uuid::Uuid;
 
@@ -14,7 +14,7 @@ fn rule_kind(kind: &str, op: &str) -> StoreResult<RuleKind> {
 }
 
 impl PgStore {
-    /// One try of [`herald::Store::add_rule`]: whether the rule is new.
+    /// One try of [`herald::backend::Rules::add_rule`]: whether the rule is new.
     pub(crate) async fn add_rule_once(&self, rule: &Rule) -> DbResult<bool> {
         self.exec_one(
             "add_rule",
@@ -26,7 +26,7 @@ impl PgStore {
         .await
     }
 
-    /// One try of [`herald::Store::remove_rule`]: whether the rule was there.
+    /// One try of [`herald::backend::Rules::remove_rule`]: whether the rule was there.
     pub(crate) async fn remove_rule_once(&self, rule: &Rule) -> DbResult<bool> {
         self.exec_one(
             "remove_rule",
@@ -38,7 +38,7 @@ impl PgStore {
         .await
     }
 
-    /// [`herald::Store::rules_for`].
+    /// [`herald::backend::Rules::rules_for`].
     pub(crate) async fn rules_for_once(
         &self,
         tenant: &str,
@@ -61,7 +61,7 @@ impl PgStore {
         Ok(m)
     }
 
-    /// [`herald::Store::rules`].
+    /// [`herald::backend::Rules::rules`].
     pub(crate) async fn rules_once(&self) -> StoreResult<Vec<Rule>> {
         const OP: &str = "rules";
         let rows: Vec<(String, String, String)> = sqlx::query_as(&self.sql.rules)
@@ -79,7 +79,7 @@ impl PgStore {
             .collect()
     }
 
-    /// One try of [`herald::Store::renotify_page`].
+    /// One try of [`herald::backend::Rules::renotify_page`].
     pub(crate) async fn renotify_once(
         &self,
         tenant: &str,

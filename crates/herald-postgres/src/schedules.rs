@@ -1,8 +1,8 @@
 //! Schedules: their definitions, the due ones, and the compare-and-set that
 //! moves a cursor and inserts its occurrences' events in one transaction.
 
+use herald::backend::StoreResult;
 use herald::schedule::{DueSchedules, Schedule, ScheduleFiring, ScheduleRow};
-use herald::store::StoreResult;
 use herald::{Emitted, EventId, Millis, StoreError};
 use sqlx::postgres::PgRow;
 use sqlx::Row;
@@ -101,7 +101,7 @@ fn schedules(op: &'static str, rows: &[PgRow], at: usize) -> DbResult<Vec<Schedu
 }
 
 impl PgStore {
-    /// One try of [`herald::Store::put_schedule`].
+    /// One try of [`herald::backend::Schedules::put_schedule`].
     pub(crate) async fn put_schedule_once(&self, s: &Schedule) -> DbResult<bool> {
         let r = ScheduleRow::of(s);
         let created: bool = sqlx::query_scalar(&fill(self, PUT))
@@ -124,7 +124,7 @@ impl PgStore {
         Ok(created)
     }
 
-    /// One try of [`herald::Store::schedule`].
+    /// One try of [`herald::backend::Schedules::schedule`].
     pub(crate) async fn schedule_once(
         &self,
         tenant: &str,
@@ -140,7 +140,7 @@ impl PgStore {
         Ok(schedules(OP, &rows, 0)?.pop())
     }
 
-    /// One try of [`herald::Store::schedules`].
+    /// One try of [`herald::backend::Schedules::schedules`].
     pub(crate) async fn schedules_once(&self, tenant: Option<&str>) -> DbResult<Vec<Schedule>> {
         const OP: &str = "schedules";
         let rows = sqlx::query(&fill(self, LIST))
@@ -151,7 +151,7 @@ impl PgStore {
         schedules(OP, &rows, 0)
     }
 
-    /// One try of [`herald::Store::pause_schedule`].
+    /// One try of [`herald::backend::Schedules::pause_schedule`].
     pub(crate) async fn pause_schedule_once(
         &self,
         tenant: &str,
@@ -166,14 +166,14 @@ impl PgStore {
         .await
     }
 
-    /// One try of [`herald::Store::delete_schedule`].
+    /// One try of [`herald::backend::Schedules::delete_schedule`].
     pub(crate) async fn delete_schedule_once(&self, tenant: &str, name: &str) -> DbResult<bool> {
         let q = fill(self, DELETE);
         self.exec_one("delete_schedule", sqlx::query(&q).bind(tenant).bind(name))
             .await
     }
 
-    /// One try of [`herald::Store::due_schedules`]: one statement.
+    /// One try of [`herald::backend::Schedules::due_schedules`]: one statement.
     pub(crate) async fn due_schedules_once(&self, limit: usize) -> DbResult<DueSchedules> {
         const OP: &str = "due_schedules";
         let rows = sqlx::query(&fill(self, DUE))
@@ -191,7 +191,7 @@ impl PgStore {
         })
     }
 
-    /// One try of [`herald::Store::fire_schedule`]: the compare-and-set,
+    /// One try of [`herald::backend::Schedules::fire_schedule`]: the compare-and-set,
     /// the events (as emit inserts them) and the last occurrence, in one
     /// transaction.
     pub(crate) async fn fire_schedule_once(

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use herald::store::{Finish, LeaseRef, Settle};
+use herald::backend::{Finish, LeaseRef, Settle};
 use uuid::Uuid;
 
 use crate::rows::{ms, Ctx, DbResult};
@@ -64,7 +64,7 @@ impl PgStore {
         Ok(held.into_iter().map(|i| i as usize).collect())
     }
 
-    /// One try of [`herald::Store::renew`], the leases in `order` (by id).
+    /// One try of [`herald::backend::EventStore::renew`], the leases in `order` (by id).
     /// Returns the positions whose lease was still held.
     pub(crate) async fn renew_once(
         &self,

@@ -5,7 +5,7 @@
 //! docs/postgres.md shows the plan of each hot and sweep statement on a
 //! million stored events (`bench/pg-explain.sh` prints them).
 
-use herald::store::Finish;
+use herald::backend::Finish;
 
 use crate::rows::EVENT_COLUMNS;
 
@@ -182,7 +182,7 @@ const STORED_KEYS: &str = "SELECT u.pos, k.event_id \
      JOIN {s}.idempotency_keys AS k \
        ON k.tenant = u.tenant AND k.handler = u.handler AND k.key = u.key";
 
-/// [`herald::Store::purge_keys`]: up to `$2` keys stored more than `$1` ms
+/// [`herald::backend::Reconciliation::purge_keys`]: up to `$2` keys stored more than `$1` ms
 /// before the database's now, oldest first. Whether a live event holds the key is one probe of the
 /// live-key index. A key whose event is live, or was not yet seen gone,
 /// is kept: `stored_at` reset to now, `gone` set to whether its event is

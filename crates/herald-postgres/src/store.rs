@@ -1,16 +1,16 @@
-//! [`Store`] for [`PgStore`]: each method's guards and retries around one
+//! The backend role traits ([`herald::backend`]) for [`PgStore`]: each method's guards and retries around one
 //! try, done by the module of its role.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
-use herald::store::{
-    CountsQuery, EventFilter, HandlerCounts, Inspection, LeaseRef, Scheduled, Settle, StoreResult,
-    SubscriptionSync, SweepPage, SweepPass, KEY_PURGE_PAGE, KEY_PURGE_PAGES,
+use herald::backend::{
+    CountsQuery, EventFilter, EventStore, HandlerCounts, Inspection, LeaderElection, LeaseRef,
+    Operator, Reconciliation, Rules, Scheduled, Schedules, Settle, StoreResult, SubscriptionSync,
+    SweepPage, SweepPass, Topics, KEY_PURGE_PAGE, KEY_PURGE_PAGES,
 };
 use herald::{
-    AttemptError, Emitted, Event, EventId, Leadership, NewEvent, Rule, RuleMatch, Store,
-    Subscription,
+    AttemptError, Emitted, Event, EventId, Leadership, NewEvent, Rule, RuleMatch, Subscription,
 };
 
 use herald::schedule::{DueSchedules, Schedule, ScheduleFiring};
@@ -29,7 +29,7 @@ use crate::PgStore;
 const TENANT_HINT_LIMIT: usize = 32;
 
 #[async_trait]
-impl Store for PgStore {
+impl EventStore for PgStore {
     async fn emit(&self, events: &[NewEvent]) -> StoreResult<Vec<Emitted>> {
         if events.is_empty() {
             return Ok(Vec::new());
@@ -100,7 +100,10 @@ impl Store for PgStore {
         }
         Ok(held)
     }
+}
 
+#[async_trait]
+impl Rules for PgStore {
     async fn add_rule(&self, rule: &Rule) -> StoreResult<bool> {
         retry("add_rule", || self.add_rule_once(rule)).await
     }
@@ -117,6 +120,25 @@ impl Store for PgStore {
         self.rules_once().await
     }
 
+    async fn renotify_page(
+        &self,
+        tenant: &str,
+        handler: &str,
+        after: Option<EventId>,
+        limit: usize,
+    ) -> StoreResult<Vec<Scheduled>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        retry("renotify_page", || {
+            self.renotify_once(tenant, handler, after, limit)
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl Topics for PgStore {
     async fn subscribe(&self, subscription: &Subscription) -> StoreResult<bool> {
         retry("subscribe", || self.subscribe_once(subscription)).await
     }
@@ -139,23 +161,10 @@ impl Store for PgStore {
         })
         .await
     }
+}
 
-    async fn renotify_page(
-        &self,
-        tenant: &str,
-        handler: &str,
-        after: Option<EventId>,
-        limit: usize,
-    ) -> StoreResult<Vec<Scheduled>> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        retry("renotify_page", || {
-            self.renotify_once(tenant, handler, after, limit)
-        })
-        .await
-    }
-
+#[async_trait]
+impl Reconciliation for PgStore {
     async fn sweep(
         &self,
         quiet: Duration,
@@ -163,16 +172,6 @@ impl Store for PgStore {
         limit: usize,
     ) -> StoreResult<SweepPage> {
         retry("sweep", || self.sweep_once(quiet, pass, limit)).await
-    }
-
-    async fn lead(&self, role: &str, holder: &str, lease: Duration) -> StoreResult<Leadership> {
-        retry("lead", || self.lead_once(role, holder, lease)).await
-    }
-
-    async fn resign(&self, role: &str, holder: &str) -> StoreResult<()> {
-        retry("resign", || self.resign_once(role, holder))
-            .await
-            .map(|_| ())
     }
 
     /// Turns the ring, then purges the idempotency keys older than the
@@ -209,7 +208,23 @@ impl Store for PgStore {
         })
         .await
     }
+}
 
+#[async_trait]
+impl LeaderElection for PgStore {
+    async fn lead(&self, role: &str, holder: &str, lease: Duration) -> StoreResult<Leadership> {
+        retry("lead", || self.lead_once(role, holder, lease)).await
+    }
+
+    async fn resign(&self, role: &str, holder: &str) -> StoreResult<()> {
+        retry("resign", || self.resign_once(role, holder))
+            .await
+            .map(|_| ())
+    }
+}
+
+#[async_trait]
+impl Operator for PgStore {
     async fn get(&self, id: EventId) -> StoreResult<Option<Event>> {
         self.get_once(id).await
     }
@@ -235,6 +250,13 @@ impl Store for PgStore {
 
     async fn delete(&self, id: EventId) -> StoreResult<bool> {
         retry("delete", || self.delete_once(id)).await
+    }
+}
+
+#[async_trait]
+impl Schedules for PgStore {
+    async fn clock(&self) -> StoreResult<herald::Millis> {
+        Ok(EventStore::inspect(self, &[]).await?.now)
     }
 
     async fn put_schedule(&self, schedule: &Schedule) -> StoreResult<bool> {

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use herald::store::{SweepPage, SweepPass};
-use herald::sweep::{Candidate, Source, Step, Sweep, Writes};
+use herald::backend::sweep::{Candidate, Source, Step, Sweep, Writes};
+use herald::backend::{SweepPage, SweepPass};
 use herald::{EventId, Millis};
 use sqlx::PgConnection;
 use uuid::Uuid;

@@ -5,7 +5,7 @@
 //! names are never empty), so that the primary key `(topic, tenant,
 //! handler)` holds it once.
 
-use herald::store::{StoreResult, SubscriptionSync};
+use herald::backend::{StoreResult, SubscriptionSync};
 use herald::{Client, ClientError, EmitOptions, StoredTopicEmit, Subscription};
 use sqlx::PgConnection;
 
@@ -47,7 +47,7 @@ const SYNC_ADD: &str =
      WHERE s.source <> 'config'";
 
 impl PgStore {
-    /// One try of [`herald::Store::subscribe`].
+    /// One try of [`herald::backend::Topics::subscribe`].
     pub(crate) async fn subscribe_once(&self, s: &Subscription) -> DbResult<bool> {
         self.exec_one(
             "subscribe",
@@ -59,7 +59,7 @@ impl PgStore {
         .await
     }
 
-    /// One try of [`herald::Store::unsubscribe`].
+    /// One try of [`herald::backend::Topics::unsubscribe`].
     pub(crate) async fn unsubscribe_once(&self, s: &Subscription) -> DbResult<bool> {
         self.exec_one(
             "unsubscribe",
@@ -71,7 +71,7 @@ impl PgStore {
         .await
     }
 
-    /// [`herald::Store::subscribers`] on `conn` (the pool's, or the
+    /// [`herald::backend::Topics::subscribers`] on `conn` (the pool's, or the
     /// caller's transaction for [`PgStore::emit_topic_in`]).
     pub(crate) async fn subscribers_on(
         &self,
@@ -87,7 +87,7 @@ impl PgStore {
             .ctx("subscribers")
     }
 
-    /// One try of [`herald::Store::subscribers`].
+    /// One try of [`herald::backend::Topics::subscribers`].
     pub(crate) async fn subscribers_once(
         &self,
         tenant: &str,
@@ -97,7 +97,7 @@ impl PgStore {
         self.subscribers_on(&mut conn, tenant, topic).await
     }
 
-    /// One try of [`herald::Store::subscriptions`].
+    /// One try of [`herald::backend::Topics::subscriptions`].
     pub(crate) async fn subscriptions_once(
         &self,
         topic: Option<&str>,
@@ -117,7 +117,7 @@ impl PgStore {
             .collect())
     }
 
-    /// One try of [`herald::Store::sync_subscriptions`], in one transaction.
+    /// One try of [`herald::backend::Topics::sync_subscriptions`], in one transaction.
     pub(crate) async fn sync_subscriptions_once(
         &self,
         declared: &[Subscription],

@@ -4,6 +4,7 @@
 //! not a check: run it with
 //! `cargo test -p herald-postgres --test key_cost -- --ignored --nocapture`.
 
+use herald::backend::EventStore;
 use std::time::{Duration, Instant};
 
 use herald::{EventId, NewEvent, Store};

@@ -11,10 +11,11 @@
 //! when it reaches the batch's marked row, as long as a sequence (which a
 //! rollback does not undo) says there are cuts left.
 
+use herald::backend::{EventStore, Operator};
 use std::collections::HashSet;
 use std::time::Duration;
 
-use herald::{CountsQuery, Emitted, EventId, EventState, Millis, NewEvent, Store, StoreError};
+use herald::{CountsQuery, Emitted, EventId, EventState, Millis, NewEvent, StoreError};
 use herald_postgres::testing::{self, TestSchema};
 use herald_postgres::PgStore;
 use sqlx::postgres::PgPoolOptions;

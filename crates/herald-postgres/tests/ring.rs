@@ -2,12 +2,13 @@
 //! twice, whatever races them, and a retired leaf's storage is gone even
 //! while another transaction holds a snapshot open.
 
+use herald::backend::{EventStore, Operator, Reconciliation, Rules};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use herald::store::{Finish, LeaseRef, Settle};
-use herald::{Emitted, EventId, EventState, LeaseToken, Millis, NewEvent, Store};
+use herald::backend::{Finish, LeaseRef, Settle};
+use herald::{Emitted, EventId, EventState, LeaseToken, Millis, NewEvent};
 use herald_postgres::testing::{self, TestSchema};
 use herald_postgres::PgStore;
 use sqlx::{Connection, Executor, PgConnection};

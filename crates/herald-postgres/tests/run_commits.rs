@@ -9,10 +9,11 @@
 //! table of the test schema. The store runs on a pool of one connection, so
 //! a setting that leaked past its transaction would show on the next emit.
 
+use herald::backend::EventStore;
 use std::time::Duration;
 
-use herald::store::{Finish, Settle};
-use herald::{EventId, LeaseToken, NewEvent, Store};
+use herald::backend::{Finish, Settle};
+use herald::{EventId, LeaseToken, NewEvent};
 use herald_postgres::testing::{self, TestSchema};
 use herald_postgres::{PgStore, RunCommits};
 use sqlx::postgres::PgPoolOptions;

@@ -2,11 +2,12 @@
 //! results. Without a reachable PostgreSQL each test says SKIPPED (and fails
 //! with CI=true).
 
+use herald::backend::{EventStore, Operator, Reconciliation, Rules, Topics};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use herald::store::{Finish, LeaseRef, Scheduled, Settle};
+use herald::backend::{Finish, LeaseRef, Scheduled, Settle};
 use herald::{
     Emitted, EventId, EventState, LeaseToken, Millis, NewEvent, Rule, RuleKind, Store, StoreError,
 };

@@ -2,6 +2,7 @@
 //! own transaction with `PgStore::emit_in`, notified after the commit with
 //! `Client::notify_emitted`, run by a real worker on the in-process queue.
 
+use herald::backend::Operator;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

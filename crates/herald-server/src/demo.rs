@@ -173,12 +173,17 @@ pub async fn run(args: DemoArgs) -> Result<(), DemoError> {
     bar.finish();
     let stats = worker.stats();
     worker.shutdown(Duration::from_secs(5)).await;
-    let counts = client.counts().await?;
+    let counts = client
+        .handler_counts(&herald::CountsQuery::totals())
+        .await?;
     let stored = |state: herald::EventState| -> u64 {
         counts
             .iter()
-            .filter(|c| c.state == state)
-            .map(|c| c.count)
+            .map(|c| match state {
+                herald::EventState::Pending => c.pending(),
+                herald::EventState::Dead => c.dead,
+                herald::EventState::Done => c.done,
+            })
             .sum()
     };
     println!();

@@ -1,7 +1,7 @@
 //! The `herald` program: its command line, logging and exit codes; the
 //! commands themselves are in the `herald_server` library.
 
-use herald_server::{cli, demo, handlers, migrate, serve};
+use herald_server::{cli, demo, migrate, runners, serve};
 
 use clap::{Parser, Subcommand};
 
@@ -103,7 +103,7 @@ fn main() -> std::process::ExitCode {
         .init();
     if let Command::WatchRuns { groups } = &cli.command {
         // Single-threaded, before any runtime: it blocks signals for itself.
-        return handlers::watchdog::watch_runs(groups);
+        return runners::watchdog::watch_runs(groups);
     }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,

@@ -7,7 +7,7 @@ pub mod api;
 pub mod auth;
 pub mod error;
 pub mod recent;
-pub mod schedules;
+mod schedules;
 pub mod telemetry;
 mod ui;
 
@@ -21,11 +21,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use herald::backend::{Schedules, Topics};
 use herald::escape::escaped;
 use herald::{Client, Context, Handler, MemoryQueue, Queue, Store, StoreError, Worker};
 use herald_postgres::PgStore;
 
-use crate::handlers::{self, HandlerConfig};
+use crate::runners::{self, HandlerConfig};
 use herald_sqlite::SqliteStore;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio_util::sync::CancellationToken;
@@ -112,19 +113,19 @@ pub type NamedHandlers = Vec<(String, Arc<dyn Handler>)>;
 /// reported to `watch`.
 pub fn build_handlers(
     config: &ServeConfig,
-    watch: &handlers::RunWatch,
+    watch: &runners::RunWatch,
 ) -> Result<NamedHandlers, ConfigError> {
     let mut built = Vec::with_capacity(config.handlers.len());
     for (name, value) in &config.handlers {
         let handler = HandlerConfig::from_toml(name, value.clone())
             .and_then(|h| h.build(name, watch))
             .map_err(|e| match e {
-                handlers::ConfigError::Key { key, message } => {
+                runners::ConfigError::Key { key, message } => {
                     ConfigError::invalid(config.origin(), key, message)
                 }
                 // Only the handlers module's tests parse whole documents.
                 #[cfg(test)]
-                handlers::ConfigError::Toml(message) => {
+                runners::ConfigError::Toml(message) => {
                     ConfigError::invalid(config.origin(), format!("handlers.{name}"), message)
                 }
             })?;
@@ -145,12 +146,12 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
     let config = config::load(&overrides, &|k| std::env::var(k).ok())?;
     // Before any command runs: end what a dead server left running, then
     // make sure that this one's runs end with it, however it ends.
-    let lock = handlers::leftovers::start(std::env::var("XDG_RUNTIME_DIR").ok().as_deref());
+    let lock = runners::leftovers::start(std::env::var("XDG_RUNTIME_DIR").ok().as_deref());
     let server_id = lock.as_ref().map_or_else(
         || format!("{:016x}", rand::random::<u64>()),
         |l| l.id().to_string(),
     );
-    let watch = handlers::RunWatch::start(server_id).map_err(ServeError::Watchdog)?;
+    let watch = runners::RunWatch::start(server_id).map_err(ServeError::Watchdog)?;
     let mut handlers: Vec<(String, Option<Arc<dyn Handler>>)> = build_handlers(&config, &watch)?
         .into_iter()
         .map(|(n, h)| (n, Some(h)))
@@ -209,6 +210,7 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
         tracing::warn!(%addr, "no API token is configured: anyone who can connect to this loopback address acts as the operator; set auth.operator_token_sha256 to require a token");
     }
     let state = Arc::new(api::AppState {
+        schedules: store.clone(),
         client: Client::new(store.clone(), queue.clone())
             .max_payload(config.max_payload_bytes)
             .notify_linger(config.notify_linger)
@@ -392,7 +394,7 @@ async fn refuse_read_only(store: &PgStore, location: &str) -> Result<(), StoreEr
 /// SIGHUP: its `[[subscriptions]]` replace those an earlier start or
 /// reload took from the file, its `[[schedules]]` likewise; the API's stay.
 async fn apply_declared(store: &dyn Store, config: &ServeConfig) -> Result<(), ServeError> {
-    let synced = store.sync_subscriptions(&config.subscriptions).await?;
+    let synced = Topics::sync_subscriptions(store, &config.subscriptions).await?;
     tracing::info!(
         declared = config.subscriptions.len(),
         added = synced.added,
@@ -403,7 +405,7 @@ async fn apply_declared(store: &dyn Store, config: &ServeConfig) -> Result<(), S
 }
 
 /// Writes the configuration's `[[schedules]]` to the store.
-async fn apply_schedules(store: &dyn Store, config: &ServeConfig) -> Result<(), ServeError> {
+async fn apply_schedules(store: &dyn Schedules, config: &ServeConfig) -> Result<(), ServeError> {
     let applied = schedules::apply(store, &config.schedules, config.max_payload_bytes)
         .await
         .map_err(|e| match e {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use axum::{body::Bytes, http::HeaderMap, routing::post, Router};
 use herald::{Client, MemoryQueue, Worker};
 use herald_server::config::{self, Overrides, StoreLocation};
-use herald_server::handlers::RunWatch;
+use herald_server::runners::RunWatch;
 use herald_server::serve::{self, api, auth, recent, telemetry};
 use herald_sqlite::SqliteStore;
 use tokio::sync::mpsc;
@@ -74,6 +74,7 @@ async fn a_program_embeds_the_config_the_handlers_and_the_api() {
 
     // herald's API on this program's own listener.
     let state = Arc::new(api::AppState {
+        schedules: store.clone(),
         client: Client::new(store.clone(), queue.clone()),
         tokens: auth::Tokens::new(&config.auth),
         tracker,

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::Server;
-use herald::store::EventFilter;
-use herald::Store;
+use herald::backend::EventFilter;
+use herald::backend::Operator;
 use herald_postgres::testing::{connect_options, database_url, reachable, unreachable};
 use herald_postgres::PgStore;
 

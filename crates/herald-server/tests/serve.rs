@@ -78,7 +78,7 @@ async fn emit_and_watch(s: &Server, token: Option<&str>, operator: Option<&str>)
 
     // `/v1/stats` reads the store's counts before the recent activity, so a
     // run can end between the two reads: wait until both agree.
-    let left = json!([{"tenant": "acme", "handler": "elsewhere", "state": "pending", "count": 1, "paused": false, "blocked": false}]);
+    let left = json!([{"tenant": "acme", "handler": "elsewhere", "waiting": 1, "running": 0, "delayed": 0, "held": 0, "dead": 0, "done": 0, "estimated": false, "paused": false, "blocked": false}]);
     let mut stats = Value::Null;
     let deadline = Instant::now() + Duration::from_secs(20);
     while Instant::now() < deadline {
@@ -87,7 +87,7 @@ async fn emit_and_watch(s: &Server, token: Option<&str>, operator: Option<&str>)
         // Every run started, and every run's event is deleted (done). A
         // rate times the rounded window is not a count: it agreed only in
         // parts of each second.
-        if stats["counts"] == left && work["emit_to_start_seconds"]["samples"] == 50 {
+        if stats["by_handler"] == left && work["emit_to_start_seconds"]["samples"] == 50 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -99,7 +99,7 @@ async fn emit_and_watch(s: &Server, token: Option<&str>, operator: Option<&str>)
         "{stats}"
     );
     assert_eq!(stats["handlers"], json!(["work"]));
-    assert_eq!(stats["counts"], left, "done events are deleted");
+    assert_eq!(stats["by_handler"], left, "done events are deleted");
 
     // A run's counters move just after its settle commits: poll them too.
     let want = [
@@ -162,7 +162,7 @@ acme = "{}"
     emit_and_watch(&s, Some(ACME_TOKEN), Some(OP_TOKEN)).await;
     // The tenant's view has its counts, but no server-wide figures.
     let (_, v, _) = get(&s, "/v1/stats", Some(ACME_TOKEN)).await;
-    assert_eq!(v["counts"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(v["by_handler"].as_array().unwrap().len(), 1, "{v}");
     assert_eq!(v["recent"], Value::Null);
     let (status, _, doc) = get(&s, "/openapi.json", None).await;
     assert_eq!(status, 200);
@@ -201,7 +201,7 @@ async fn serve_without_configuration_uses_herald_db_here_and_stops_on_sigint() {
     .await;
     assert_eq!(status, 201, "{v}");
     let (_, v, _) = get(&s, "/v1/stats", Some("whatever")).await;
-    assert_eq!(v["counts"][0]["count"], 1, "{v}");
+    assert_eq!(v["by_handler"][0]["waiting"], 1, "{v}");
     assert_eq!(v["handlers"], json!([]));
     s.signal("-INT");
     let status = s.wait(Duration::from_secs(20));
@@ -371,7 +371,7 @@ async fn a_second_signal_cancels_running_commands_at_once() {
     );
     // The event is stored, pending, unleased, its attempt given back.
     let store = herald_sqlite::SqliteStore::open(dir.path().join("herald.db")).unwrap();
-    let event = herald::Store::get(&store, id.parse().unwrap())
+    let event = herald::backend::Operator::get(&store, id.parse().unwrap())
         .await
         .unwrap()
         .expect("kept");

@@ -63,8 +63,9 @@ async fn emits_answer_store_unavailable_within_the_bound_while_postgres_does_not
         .max_connections(4)
         .connect_lazy_with(direct.clone().port(proxy.port));
     let store = Arc::new(PgStore::from_pool(pool, schema.name()).await.unwrap());
-    let client = Client::new(store, Arc::new(MemoryQueue::default())).emit_timeout(BOUND);
+    let client = Client::new(store.clone(), Arc::new(MemoryQueue::default())).emit_timeout(BOUND);
     let state = Arc::new(api::AppState {
+        schedules: store,
         client: client.clone(),
         tokens: auth::Tokens::new(&Default::default()),
         tracker: Arc::new(recent::Tracker::default()),

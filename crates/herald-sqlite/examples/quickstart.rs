@@ -68,13 +68,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
 
     tokio::time::sleep(Duration::from_secs(1)).await;
-    for c in client.counts().await? {
+    for c in client
+        .handler_counts(&herald::CountsQuery::totals())
+        .await?
+    {
         println!(
-            "{} {} {}: {}",
+            "{} {}: {} pending, {} dead, {} done",
             c.tenant,
             c.handler,
-            c.state.as_str(),
-            c.count
+            c.pending(),
+            c.dead,
+            c.done
         );
     }
     worker.shutdown(Duration::from_secs(10)).await;

@@ -5,12 +5,13 @@
 //! (TASKS concurrent claim/settle loops, default 1; more exercise group
 //! commit. BATCH ids per claim, default 512).
 
+use herald::backend::EventStore;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use herald::store::{Finish, Settle};
-use herald::{EventId, LeaseToken, NewEvent, Store};
+use herald::backend::{Finish, Settle};
+use herald::{EventId, LeaseToken, NewEvent};
 use herald_sqlite::SqliteStore;
 
 const EVENTS: usize = 200_000;

@@ -1,7 +1,7 @@
 //! The operator's writes: reviving a dead event, deleting one, purging
 //! old dead and done events.
 
-use herald::store::{Scheduled, StoreResult};
+use herald::backend::{Scheduled, StoreResult};
 use herald::{EventId, EventState, Millis, StoreError};
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -11,7 +11,7 @@ use crate::rows::{blob, event_id, sql_limit, Ctx};
 pub(crate) const PURGE_SQL: &str = "DELETE FROM events WHERE rowid IN (SELECT rowid FROM events \
      WHERE state = ?1 AND finished_at < ?2 LIMIT ?3)";
 
-/// [`herald::Store::revive`]: the revived event's notification, if it was
+/// [`herald::backend::Operator::revive`]: the revived event's notification, if it was
 /// dead.
 pub(crate) fn revive(
     conn: &Connection,
@@ -49,7 +49,7 @@ pub(crate) fn revive(
     .ctx(OP)
 }
 
-/// [`herald::Store::delete`]: whether an event that is not running was
+/// [`herald::backend::Operator::delete`]: whether an event that is not running was
 /// deleted.
 pub(crate) fn delete(conn: &Connection, now: Millis, id: EventId) -> StoreResult<bool> {
     conn.prepare_cached(
@@ -61,7 +61,7 @@ pub(crate) fn delete(conn: &Connection, now: Millis, id: EventId) -> StoreResult
     .ctx("delete")
 }
 
-/// [`herald::Store::purge`]: how many old dead, then done, events were
+/// [`herald::backend::Reconciliation::purge`]: how many old dead, then done, events were
 /// deleted, up to `limit`.
 pub(crate) fn purge(
     conn: &Connection,

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::time::Duration;
 
-use herald::store::{Inspected, Inspection, LeaseRef, StoreResult};
+use herald::backend::{Inspected, Inspection, LeaseRef, StoreResult};
 use herald::{Event, EventId, Millis, RuleMatch};
 use rusqlite::types::Value;
 use rusqlite::vtab::array::Array;
@@ -67,7 +67,7 @@ pub(crate) const CLAIM_BATCH_SQL: &str = "UPDATE events \
      RETURNING id, tenant, handler, payload, state, run_at, attempt, max_attempts, \
        lease_token, lease_expires_at, last_error, idempotency_key, created_at, updated_at, topic";
 
-/// [`herald::Store::claim`] of up to [`CLAIM_ONE_BY_ONE`] ids: per id, the
+/// [`herald::backend::EventStore::claim`] of up to [`CLAIM_ONE_BY_ONE`] ids: per id, the
 /// handler check, then the compare-and-set.
 pub(crate) fn one_by_one(
     conn: &Connection,
@@ -110,7 +110,7 @@ pub(crate) fn lease_values(leases: &[LeaseRef]) -> Vec<Value> {
         .collect()
 }
 
-/// [`herald::Store::claim`] for a larger batch: one statement for all the
+/// [`herald::backend::EventStore::claim`] for a larger batch: one statement for all the
 /// leases, bound with the handlers as `rarray`s.
 pub(crate) fn batch(
     conn: &Connection,
@@ -129,7 +129,7 @@ pub(crate) fn batch(
     rows.collect::<rusqlite::Result<_>>().ctx(OP)
 }
 
-/// [`herald::Store::inspect`]: the events found, each with the rules that
+/// [`herald::backend::EventStore::inspect`]: the events found, each with the rules that
 /// match it, and the clock.
 pub(crate) fn inspect(conn: &Connection, now: Millis, ids: &[EventId]) -> StoreResult<Inspection> {
     const OP: &str = "inspect";

@@ -2,7 +2,7 @@
 //! idempotency key; a keyed event's key row is written with it, so that
 //! the key names it after it finished too (ADR 0013).
 
-use herald::store::StoreResult;
+use herald::backend::StoreResult;
 use herald::{Emitted, Millis, NewEvent};
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -24,7 +24,7 @@ pub(crate) const STORE_KEY_SQL: &str = "INSERT INTO idempotency_keys \
      ON CONFLICT (tenant, handler, key) DO UPDATE SET event_id = excluded.event_id, \
      stored_at = excluded.stored_at";
 
-/// [`herald::Store::emit`]: each event created, or the one that already
+/// [`herald::backend::EventStore::emit`]: each event created, or the one that already
 /// holds its id or its idempotency key (a stored key, or a live event that
 /// has none: emitted before keys were stored, or revived). A delay is
 /// counted from `now`, the store's clock.
@@ -111,7 +111,7 @@ const DELETE_KEY_SQL: &str =
 const KEEP_KEY_SQL: &str = "UPDATE idempotency_keys SET stored_at = ?4, gone = ?5 \
      WHERE tenant = ?1 AND handler = ?2 AND key = ?3";
 
-/// [`herald::Store::purge_keys`]: up to `limit` keys stored before
+/// [`herald::backend::Reconciliation::purge_keys`]: up to `limit` keys stored before
 /// `before`. A key whose event is live, or was not yet seen gone, is kept
 /// with its time reset to `now` (and marked gone if its event is no longer
 /// live); one already seen gone a window ago goes. Returns how many went.

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use herald::store::StoreResult;
+use herald::backend::StoreResult;
 use herald::{Millis, StoreError};
 use rusqlite::Connection;
 

@@ -2,13 +2,13 @@
 
 use std::time::Duration;
 
-use herald::store::StoreResult;
+use herald::backend::StoreResult;
 use herald::{Leadership, Millis};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::rows::Ctx;
 
-/// [`herald::Store::lead`]: takes or keeps `role` for `holder`, or says how
+/// [`herald::backend::LeaderElection::lead`]: takes or keeps `role` for `holder`, or says how
 /// long the current holder has left.
 pub(crate) fn lead(
     conn: &Connection,
@@ -46,7 +46,7 @@ pub(crate) fn lead(
     })
 }
 
-/// [`herald::Store::resign`]: gives `role` up if `holder` holds it.
+/// [`herald::backend::LeaderElection::resign`]: gives `role` up if `holder` holds it.
 pub(crate) fn resign(conn: &Connection, role: &str, holder: &str) -> StoreResult<()> {
     conn.prepare_cached("DELETE FROM leaders WHERE role = ?1 AND holder = ?2")
         .and_then(|mut st| st.execute(params![role, holder]))

@@ -13,13 +13,13 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), herald::StoreError> {
-//! use herald::Store;
+//! use herald::backend::Operator;
 //! let store = herald_sqlite::SqliteStore::open("herald.db")?;
 //! let counts = store.counts(&herald::CountsQuery::all()).await?;
 //! # Ok(()) }
 //! ```
 
-// The `Store` methods are in `store`, each carried to the writer thread and
+// The backend role traits are in `store`, each carried to the writer thread and
 // delegated to the module of its role.
 mod admin;
 mod claim;
@@ -41,7 +41,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use herald::store::StoreResult;
+use herald::backend::StoreResult;
 use herald::{Millis, StoreError};
 use rusqlite::Connection;
 use tokio::sync::oneshot;
@@ -105,8 +105,8 @@ impl SqliteStore {
     /// after the emit that stored it and after the event finished (default
     /// [`herald::DEFAULT_IDEMPOTENCY_WINDOW`], 24 h): an emit with the key
     /// within it returns that event, even if it has finished.
-    /// [`herald::Store::upkeep`] (the elected reconciler's pass) purges the
-    /// keys past it ([`herald::Store::purge_keys`]).
+    /// [`herald::backend::Reconciliation::upkeep`] (the elected reconciler's pass) purges the
+    /// keys past it ([`herald::backend::Reconciliation::purge_keys`]).
     pub fn with_idempotency_window(mut self, window: Duration) -> SqliteStore {
         self.idempotency_window = window;
         self

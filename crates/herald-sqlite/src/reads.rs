@@ -1,7 +1,7 @@
 //! The reads of the API and the dashboard: one event, its error history,
 //! listings and counts.
 
-use herald::store::{
+use herald::backend::{
     CappedCount, CountsQuery, EventFilter, HandlerCounts, PendingSample, StoreResult,
 };
 use herald::{AttemptError, Event, EventId, EventState, Millis, StoreError};
@@ -9,7 +9,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::rows::{after_blob, blob, event, sql_limit, Ctx, EVENT_COLUMNS};
 
-/// [`herald::Store::get`].
+/// [`herald::backend::Operator::get`].
 pub(crate) fn get(conn: &Connection, id: EventId) -> StoreResult<Option<Event>> {
     conn.prepare_cached(&format!("SELECT {EVENT_COLUMNS} FROM events WHERE id = ?1"))
         .and_then(|mut st| st.query_row([blob(id)], event).optional())
@@ -24,7 +24,7 @@ pub(crate) fn errors(conn: &Connection, id: EventId) -> StoreResult<Option<Strin
         .ctx("history")
 }
 
-/// [`herald::Store::history`] from the text [`errors`] read.
+/// [`herald::backend::Operator::history`] from the text [`errors`] read.
 pub(crate) fn attempt_errors(id: EventId, text: Option<String>) -> StoreResult<Vec<AttemptError>> {
     text.map_or(Ok(Vec::new()), |t| {
         serde_json::from_str(&t).map_err(|e| {
@@ -33,7 +33,7 @@ pub(crate) fn attempt_errors(id: EventId, text: Option<String>) -> StoreResult<V
     })
 }
 
-/// [`herald::Store::list`]: up to `limit` events after the filter's cursor,
+/// [`herald::backend::Operator::list`]: up to `limit` events after the filter's cursor,
 /// in id order.
 pub(crate) fn list(
     conn: &Connection,
@@ -91,7 +91,7 @@ fn list_rows(
     rows.collect::<rusqlite::Result<_>>().ctx(OP)
 }
 
-/// [`herald::Store::counts`]: per `(tenant, handler)`, each state counted up
+/// [`herald::backend::Operator::counts`]: per `(tenant, handler)`, each state counted up
 /// to the query's cap.
 pub(crate) fn counts(
     conn: &Connection,

@@ -1,6 +1,6 @@
 //! Conversions between herald's types and SQLite values.
 
-use herald::store::StoreError;
+use herald::backend::StoreError;
 use herald::{Event, EventId, EventState, Lease, LeaseToken, Millis};
 use rusqlite::types::Type;
 use rusqlite::Row;

@@ -1,7 +1,7 @@
 //! Pause and block rules, and the re-notification of a handler's pending
 //! events when a rule is lifted.
 
-use herald::store::{Scheduled, StoreResult};
+use herald::backend::{Scheduled, StoreResult};
 use herald::{EventId, Millis, Rule, RuleKind, RuleMatch, StoreError};
 use rusqlite::{params, Connection};
 
@@ -38,7 +38,7 @@ pub(crate) fn rule_match(
     Ok(m)
 }
 
-/// [`herald::Store::add_rule`]: whether the rule is new.
+/// [`herald::backend::Rules::add_rule`]: whether the rule is new.
 pub(crate) fn add(conn: &Connection, now: Millis, rule: &Rule) -> StoreResult<bool> {
     conn.prepare_cached(
         "INSERT INTO rules (tenant, handler, kind, created_at) VALUES (?1, ?2, ?3, ?4) \
@@ -56,7 +56,7 @@ pub(crate) fn add(conn: &Connection, now: Millis, rule: &Rule) -> StoreResult<bo
     .ctx("add_rule")
 }
 
-/// [`herald::Store::remove_rule`]: whether the rule was there.
+/// [`herald::backend::Rules::remove_rule`]: whether the rule was there.
 pub(crate) fn remove(conn: &Connection, rule: &Rule) -> StoreResult<bool> {
     conn.prepare_cached("DELETE FROM rules WHERE tenant = ?1 AND handler = ?2 AND kind = ?3")
         .and_then(|mut st| st.execute(params![rule.tenant, rule.handler, rule.kind.as_str()]))
@@ -64,7 +64,7 @@ pub(crate) fn remove(conn: &Connection, rule: &Rule) -> StoreResult<bool> {
         .ctx("remove_rule")
 }
 
-/// [`herald::Store::rules`]: every rule, in order.
+/// [`herald::backend::Rules::rules`]: every rule, in order.
 pub(crate) fn all(conn: &Connection) -> StoreResult<Vec<Rule>> {
     const OP: &str = "rules";
     let mut stmt = conn
@@ -93,7 +93,7 @@ pub(crate) fn all(conn: &Connection) -> StoreResult<Vec<Rule>> {
     Ok(out)
 }
 
-/// [`herald::Store::renotify_page`]: one page of the handler's pending
+/// [`herald::backend::Rules::renotify_page`]: one page of the handler's pending
 /// events, stamped notified, in id order.
 pub(crate) fn renotify_page(
     conn: &Connection,

@@ -2,8 +2,8 @@
 //! moves a cursor and inserts its occurrences' events in one transaction
 //! (the writer's).
 
+use herald::backend::StoreResult;
 use herald::schedule::{DueSchedules, Schedule, ScheduleFiring, ScheduleRow};
-use herald::store::StoreResult;
 use herald::{Emitted, Millis, StoreError};
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
@@ -43,7 +43,7 @@ fn schedule(op: &str, row: ScheduleRow) -> StoreResult<Schedule> {
         .map_err(|e| StoreError::backend(op, format!("a stored schedule does not read: {e}")))
 }
 
-/// [`herald::Store::put_schedule`]: whether it was created.
+/// [`herald::backend::Schedules::put_schedule`]: whether it was created.
 pub(crate) fn put(conn: &Connection, now: Millis, s: &Schedule) -> StoreResult<bool> {
     const OP: &str = "put_schedule";
     let r = ScheduleRow::of(s);
@@ -89,7 +89,7 @@ pub(crate) fn put(conn: &Connection, now: Millis, s: &Schedule) -> StoreResult<b
     Ok(!existed)
 }
 
-/// [`herald::Store::schedule`].
+/// [`herald::backend::Schedules::schedule`].
 pub(crate) fn get(conn: &Connection, tenant: &str, name: &str) -> StoreResult<Option<Schedule>> {
     const OP: &str = "schedule";
     let found = conn
@@ -101,7 +101,7 @@ pub(crate) fn get(conn: &Connection, tenant: &str, name: &str) -> StoreResult<Op
     found.map(|r| schedule(OP, r)).transpose()
 }
 
-/// [`herald::Store::schedules`].
+/// [`herald::backend::Schedules::schedules`].
 pub(crate) fn list(conn: &Connection, tenant: Option<&str>) -> StoreResult<Vec<Schedule>> {
     const OP: &str = "schedules";
     let mut st = conn
@@ -117,7 +117,7 @@ pub(crate) fn list(conn: &Connection, tenant: Option<&str>) -> StoreResult<Vec<S
     rows.into_iter().map(|r| schedule(OP, r)).collect()
 }
 
-/// [`herald::Store::pause_schedule`].
+/// [`herald::backend::Schedules::pause_schedule`].
 pub(crate) fn pause(
     conn: &Connection,
     now: Millis,
@@ -133,7 +133,7 @@ pub(crate) fn pause(
     .ctx("pause_schedule")
 }
 
-/// [`herald::Store::delete_schedule`].
+/// [`herald::backend::Schedules::delete_schedule`].
 pub(crate) fn delete(conn: &Connection, tenant: &str, name: &str) -> StoreResult<bool> {
     conn.prepare_cached("DELETE FROM schedules WHERE tenant = ?1 AND name = ?2")
         .and_then(|mut st| st.execute(params![tenant, name]))
@@ -141,7 +141,7 @@ pub(crate) fn delete(conn: &Connection, tenant: &str, name: &str) -> StoreResult
         .ctx("delete_schedule")
 }
 
-/// [`herald::Store::due_schedules`]: by the `schedules_due` index.
+/// [`herald::backend::Schedules::due_schedules`]: by the `schedules_due` index.
 pub(crate) fn due(conn: &Connection, now: Millis, limit: usize) -> StoreResult<DueSchedules> {
     const OP: &str = "due_schedules";
     let mut st = conn
@@ -164,7 +164,7 @@ pub(crate) fn due(conn: &Connection, now: Millis, limit: usize) -> StoreResult<D
     })
 }
 
-/// [`herald::Store::fire_schedule`]: the cursor's compare-and-set, the
+/// [`herald::backend::Schedules::fire_schedule`]: the cursor's compare-and-set, the
 /// events, and the last occurrence, in the writer's transaction (a failure
 /// rolls back all three).
 pub(crate) fn fire(

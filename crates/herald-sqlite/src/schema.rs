@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use herald::store::StoreError;
+use herald::backend::StoreError;
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension};
 
 /// The embedded migrations, in order; the schema version after applying the

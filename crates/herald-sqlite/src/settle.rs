@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use herald::store::{Finish, LeaseRef, Settle, StoreResult};
+use herald::backend::{Finish, LeaseRef, Settle, StoreResult};
 use herald::Millis;
 use rusqlite::{params, CachedStatement, Connection};
 
@@ -64,7 +64,7 @@ impl<'c> SettleStatements<'c> {
     }
 }
 
-/// [`herald::Store::settle`]: whether each item's fence held.
+/// [`herald::backend::EventStore::settle`]: whether each item's fence held.
 pub(crate) fn settle(conn: &Connection, now: Millis, batch: &[Settle]) -> StoreResult<Vec<bool>> {
     const OP: &str = "settle";
     let mut stmts = SettleStatements::default();
@@ -96,7 +96,7 @@ pub(crate) fn settle(conn: &Connection, now: Millis, batch: &[Settle]) -> StoreR
     Ok(out)
 }
 
-/// [`herald::Store::renew`]: whether each lease was still held.
+/// [`herald::backend::EventStore::renew`]: whether each lease was still held.
 pub(crate) fn renew(
     conn: &Connection,
     now: Millis,

@@ -1,18 +1,18 @@
-//! [`Store`] for [`SqliteStore`]: each method's guards, and its work sent
+//! The backend role traits ([`herald::backend`]) for [`SqliteStore`]: each method's guards, and its work sent
 //! to the writer thread, done by the module of its role.
 
 use std::collections::HashSet;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use herald::schedule::{DueSchedules, Schedule, ScheduleFiring};
-use herald::store::{
-    CountsQuery, EventFilter, HandlerCounts, Inspection, LeaseRef, Scheduled, Settle, StoreResult,
-    SubscriptionSync, SweepPage, SweepPass, KEY_PURGE_PAGE, KEY_PURGE_PAGES,
+use herald::backend::{
+    CountsQuery, EventFilter, EventStore, HandlerCounts, Inspection, LeaderElection, LeaseRef,
+    Operator, Reconciliation, Rules, Scheduled, Schedules, Settle, StoreResult, SubscriptionSync,
+    SweepPage, SweepPass, Topics, KEY_PURGE_PAGE, KEY_PURGE_PAGES,
 };
+use herald::schedule::{DueSchedules, Schedule, ScheduleFiring};
 use herald::{
-    AttemptError, Emitted, Event, EventId, Leadership, NewEvent, Rule, RuleMatch, Store,
-    Subscription,
+    AttemptError, Emitted, Event, EventId, Leadership, NewEvent, Rule, RuleMatch, Subscription,
 };
 use rusqlite::types::Value;
 
@@ -21,7 +21,7 @@ use crate::{
 };
 
 #[async_trait]
-impl Store for SqliteStore {
+impl EventStore for SqliteStore {
     async fn emit(&self, events: &[NewEvent]) -> StoreResult<Vec<Emitted>> {
         let events = events.to_vec();
         self.call("emit", move |conn, now| emit::emit(conn, now, &events))
@@ -76,7 +76,10 @@ impl Store for SqliteStore {
         })
         .await
     }
+}
 
+#[async_trait]
+impl Rules for SqliteStore {
     async fn add_rule(&self, rule: &Rule) -> StoreResult<bool> {
         let rule = rule.clone();
         self.call("add_rule", move |conn, now| rules::add(conn, now, &rule))
@@ -101,6 +104,26 @@ impl Store for SqliteStore {
         self.call("rules", move |conn, _| rules::all(conn)).await
     }
 
+    async fn renotify_page(
+        &self,
+        tenant: &str,
+        handler: &str,
+        after: Option<EventId>,
+        limit: usize,
+    ) -> StoreResult<Vec<Scheduled>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let (tenant, handler) = (tenant.to_string(), handler.to_string());
+        self.call("renotify_page", move |conn, now| {
+            rules::renotify_page(conn, now, &tenant, &handler, after, limit)
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl Topics for SqliteStore {
     async fn subscribe(&self, subscription: &Subscription) -> StoreResult<bool> {
         let s = subscription.clone();
         self.call("subscribe", move |conn, now| {
@@ -138,24 +161,10 @@ impl Store for SqliteStore {
         })
         .await
     }
+}
 
-    async fn renotify_page(
-        &self,
-        tenant: &str,
-        handler: &str,
-        after: Option<EventId>,
-        limit: usize,
-    ) -> StoreResult<Vec<Scheduled>> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let (tenant, handler) = (tenant.to_string(), handler.to_string());
-        self.call("renotify_page", move |conn, now| {
-            rules::renotify_page(conn, now, &tenant, &handler, after, limit)
-        })
-        .await
-    }
-
+#[async_trait]
+impl Reconciliation for SqliteStore {
     async fn sweep(
         &self,
         quiet: Duration,
@@ -164,22 +173,6 @@ impl Store for SqliteStore {
     ) -> StoreResult<SweepPage> {
         self.call("sweep", move |conn, now| {
             sweep::page(conn, now, quiet, pass, limit)
-        })
-        .await
-    }
-
-    async fn lead(&self, role: &str, holder: &str, lease: Duration) -> StoreResult<Leadership> {
-        let (role, holder) = (role.to_string(), holder.to_string());
-        self.call("lead", move |conn, now| {
-            leaders::lead(conn, now, &role, &holder, lease)
-        })
-        .await
-    }
-
-    async fn resign(&self, role: &str, holder: &str) -> StoreResult<()> {
-        let (role, holder) = (role.to_string(), holder.to_string());
-        self.call("resign", move |conn, _| {
-            leaders::resign(conn, &role, &holder)
         })
         .await
     }
@@ -221,7 +214,29 @@ impl Store for SqliteStore {
         })
         .await
     }
+}
 
+#[async_trait]
+impl LeaderElection for SqliteStore {
+    async fn lead(&self, role: &str, holder: &str, lease: Duration) -> StoreResult<Leadership> {
+        let (role, holder) = (role.to_string(), holder.to_string());
+        self.call("lead", move |conn, now| {
+            leaders::lead(conn, now, &role, &holder, lease)
+        })
+        .await
+    }
+
+    async fn resign(&self, role: &str, holder: &str) -> StoreResult<()> {
+        let (role, holder) = (role.to_string(), holder.to_string());
+        self.call("resign", move |conn, _| {
+            leaders::resign(conn, &role, &holder)
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl Operator for SqliteStore {
     async fn get(&self, id: EventId) -> StoreResult<Option<Event>> {
         self.call("get", move |conn, _| reads::get(conn, id)).await
     }
@@ -256,6 +271,13 @@ impl Store for SqliteStore {
     async fn delete(&self, id: EventId) -> StoreResult<bool> {
         self.call("delete", move |conn, now| admin::delete(conn, now, id))
             .await
+    }
+}
+
+#[async_trait]
+impl Schedules for SqliteStore {
+    async fn clock(&self) -> StoreResult<herald::Millis> {
+        Ok(EventStore::inspect(self, &[]).await?.now)
     }
 
     async fn put_schedule(&self, schedule: &Schedule) -> StoreResult<bool> {

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use herald::store::{StoreResult, SweepPage, SweepPass};
-use herald::sweep::{Candidate, Source, Step, Sweep, Writes, PARKED};
+use herald::backend::sweep::{Candidate, Source, Step, Sweep, Writes, PARKED};
+use herald::backend::{StoreResult, SweepPage, SweepPass};
 use herald::Millis;
 use rusqlite::{params, Connection};
 
@@ -44,7 +44,7 @@ pub(crate) const SWEEP_QUIET_SQL: &str = "SELECT id, tenant, handler, \
 /// or `lease_expires_at`) and the rowid (the index's tie-breaker).
 type SweepCursor = (i64, i64);
 
-/// [`herald::Store::sweep`]: carries out one sweep call's [`Step`]s on the
+/// [`herald::backend::Reconciliation::sweep`]: carries out one sweep call's [`Step`]s on the
 /// writer thread's transaction.
 pub(crate) fn page(
     conn: &Connection,

@@ -4,7 +4,7 @@
 //! names are never empty), so that the primary key `(topic, tenant,
 //! handler)` holds it once.
 
-use herald::store::{StoreResult, SubscriptionSync};
+use herald::backend::{StoreResult, SubscriptionSync};
 use herald::{Millis, Subscription};
 use rusqlite::{params, Connection};
 
@@ -15,7 +15,7 @@ fn stored_tenant(s: &Subscription) -> &str {
     s.tenant.as_deref().unwrap_or("")
 }
 
-/// [`herald::Store::subscribe`]: whether it is new.
+/// [`herald::backend::Topics::subscribe`]: whether it is new.
 pub(crate) fn subscribe(conn: &Connection, now: Millis, s: &Subscription) -> StoreResult<bool> {
     conn.prepare_cached(
         "INSERT INTO subscriptions (topic, tenant, handler, source, created_at) \
@@ -26,7 +26,7 @@ pub(crate) fn subscribe(conn: &Connection, now: Millis, s: &Subscription) -> Sto
     .ctx("subscribe")
 }
 
-/// [`herald::Store::unsubscribe`]: whether it was there.
+/// [`herald::backend::Topics::unsubscribe`]: whether it was there.
 pub(crate) fn unsubscribe(conn: &Connection, s: &Subscription) -> StoreResult<bool> {
     conn.prepare_cached(
         "DELETE FROM subscriptions WHERE topic = ?1 AND tenant = ?2 AND handler = ?3",
@@ -36,7 +36,7 @@ pub(crate) fn unsubscribe(conn: &Connection, s: &Subscription) -> StoreResult<bo
     .ctx("unsubscribe")
 }
 
-/// [`herald::Store::subscribers`]: the tenant's and every tenant's
+/// [`herald::backend::Topics::subscribers`]: the tenant's and every tenant's
 /// handlers, each once, in order.
 pub(crate) fn subscribers(
     conn: &Connection,
@@ -56,7 +56,7 @@ pub(crate) fn subscribers(
     rows.collect::<rusqlite::Result<_>>().ctx(OP)
 }
 
-/// [`herald::Store::subscriptions`]: of one topic or all, in order.
+/// [`herald::backend::Topics::subscriptions`]: of one topic or all, in order.
 pub(crate) fn list(conn: &Connection, topic: Option<&str>) -> StoreResult<Vec<Subscription>> {
     const OP: &str = "subscriptions";
     let mut stmt = conn
@@ -78,7 +78,7 @@ pub(crate) fn list(conn: &Connection, topic: Option<&str>) -> StoreResult<Vec<Su
     rows.collect::<rusqlite::Result<_>>().ctx(OP)
 }
 
-/// [`herald::Store::sync_subscriptions`]: the config's rows become exactly
+/// [`herald::backend::Topics::sync_subscriptions`]: the config's rows become exactly
 /// `declared` (the writer's transaction makes it all or nothing).
 pub(crate) fn sync(
     conn: &Connection,

@@ -19,8 +19,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 
+use herald::backend::{StoreError, StoreResult};
 use herald::escape::escaped;
-use herald::store::{StoreError, StoreResult};
 use herald::Millis;
 use rusqlite::Connection;
 use tokio::sync::oneshot;

@@ -2,9 +2,9 @@
 //! that no other test's store is counted.)
 #![cfg(target_os = "linux")]
 
+use herald::backend::Rules;
 use std::time::{Duration, Instant};
 
-use herald::Store;
 use herald_sqlite::SqliteStore;
 
 fn writer_threads() -> usize {

@@ -3,13 +3,14 @@
 //! The test re-executes its own binary as the child worker (the
 //! `child_worker` test does nothing unless `HERALD_TEST_CHILD_DB` is set).
 
+use herald::backend::{EventStore, Operator};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use herald::{Context, EventId, EventState, MemoryQueue, NewEvent, Store, Worker, WorkerConfig};
+use herald::{Context, EventId, EventState, MemoryQueue, NewEvent, Worker, WorkerConfig};
 use herald_sqlite::SqliteStore;
 
 const CHILD_ENV: &str = "HERALD_TEST_CHILD_DB";

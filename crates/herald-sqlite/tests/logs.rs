@@ -1,11 +1,12 @@
 //! What an operator sees at the default log level: one line per failed
 //! attempt, with the event, tenant, handler, attempt and reason.
 
+use herald::backend::Operator;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use herald::{Client, Context, EmitOptions, HandlerError, MemoryQueue, RetryPolicy, Store, Worker};
+use herald::{Client, Context, EmitOptions, HandlerError, MemoryQueue, RetryPolicy, Worker};
 use herald_sqlite::SqliteStore;
 use tracing_subscriber::fmt::MakeWriter;
 

@@ -6,11 +6,12 @@
 //! Everything the trait alone can check lives in herald's store conformance
 //! suite (`herald::store_suite!`, run by `tests/store_suite.rs`).
 
+use herald::backend::{EventStore, Operator, Reconciliation, Rules, Topics};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use herald::store::{Finish, Settle};
+use herald::backend::{Finish, Settle};
 use herald::{
     Emitted, EventId, EventState, LeaseToken, Millis, NewEvent, Rule, RuleKind, Store, StoreError,
 };
@@ -40,7 +41,7 @@ async fn sweep(
     store: &SqliteStore,
     quiet: Duration,
     limit: usize,
-) -> Vec<herald::store::Scheduled> {
+) -> Vec<herald::backend::Scheduled> {
     store.sweep(quiet, None, limit).await.unwrap().due
 }
 

@@ -7,24 +7,23 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
+use crate::backend::{
+    CountsQuery, EventFilter, EventStore, HandlerCounts, Operator, Rules, Store, StoreError, Topics,
+};
 use crate::group_commit::GroupCommit;
 pub use crate::group_commit::{
     DEFAULT_EMIT_TIMEOUT, DEFAULT_GROUP_COMMIT_WRITES, GROUP_MAX_EVENTS,
 };
 use crate::handler::Job;
 use crate::model::{
-    Emitted, Event, EventId, EventState, NewEvent, Rule, RuleKind, RuleMatch, RunAt, Subscription,
+    AttemptError, Emitted, Event, EventId, NewEvent, Rule, RuleKind, RuleMatch, RunAt, Subscription,
 };
 use crate::publisher::{created, Publisher};
 pub use crate::publisher::{DEFAULT_NOTIFY_LINGER, DEFAULT_NOTIFY_PUBLISHES, DEFAULT_NOTIFY_WAIT};
 use crate::queue::Queue;
 use crate::retry::DEFAULT_MAX_ATTEMPTS;
-use crate::store::{Count, CountsQuery, EventFilter, HandlerCounts, Store, StoreError};
 
-/// The default payload size limit: 1 MiB.
-pub const DEFAULT_MAX_PAYLOAD: usize = 1 << 20;
-/// The longest tenant, handler or idempotency key, in bytes.
-pub const MAX_NAME_LEN: usize = 200;
+pub use crate::model::{DEFAULT_MAX_PAYLOAD, MAX_NAME_LEN};
 
 /// Errors from the [`Client`].
 #[derive(Debug, thiserror::Error)]
@@ -190,7 +189,14 @@ pub struct Release {
 /// Emits events and runs operator commands against a store and a queue.
 #[derive(Clone)]
 pub struct Client {
-    store: Arc<dyn Store>,
+    /// Emits, through group commit.
+    events: Arc<dyn EventStore>,
+    /// Pause, block, and the re-notification when one is lifted.
+    rules: Arc<dyn Rules>,
+    /// Subscriptions, and the subscribers of a topic emit.
+    topics: Arc<dyn Topics>,
+    /// The operator's reads and writes of events.
+    operator: Arc<dyn Operator>,
     queue: Arc<dyn Queue>,
     max_payload: usize,
     publisher: Arc<Publisher>,
@@ -217,7 +223,10 @@ impl Client {
                 DEFAULT_EMIT_TIMEOUT,
             )),
             publisher,
-            store,
+            events: store.clone(),
+            rules: store.clone(),
+            topics: store.clone(),
+            operator: store,
             queue,
             max_payload: DEFAULT_MAX_PAYLOAD,
         }
@@ -268,7 +277,7 @@ impl Client {
     /// read of the subscribers counts toward the same bound.
     pub fn emit_timeout(mut self, timeout: Duration) -> Self {
         self.commit = Arc::new(GroupCommit::new(
-            self.store.clone(),
+            self.events.clone(),
             self.publisher.clone(),
             self.commit.writes,
             timeout,
@@ -297,7 +306,7 @@ impl Client {
     /// one emit's events is tried again emit by emit.
     pub fn group_commit(mut self, writes: usize) -> Self {
         self.commit = Arc::new(GroupCommit::new(
-            self.store.clone(),
+            self.events.clone(),
             self.publisher.clone(),
             writes,
             self.commit.timeout,
@@ -314,11 +323,6 @@ impl Client {
     /// The payload size limit in bytes ([`Client::max_payload`]).
     pub fn payload_limit(&self) -> usize {
         self.max_payload
-    }
-
-    /// The store.
-    pub fn store(&self) -> &Arc<dyn Store> {
-        &self.store
     }
 
     /// The queue.
@@ -467,7 +471,7 @@ impl Client {
         self.check_topic_emit(tenant, topic, payload, &options)?;
         let deadline = self.commit.deadline();
         let handlers =
-            match tokio::time::timeout_at(deadline, self.store.subscribers(tenant, topic)).await {
+            match tokio::time::timeout_at(deadline, self.topics.subscribers(tenant, topic)).await {
                 Ok(handlers) => handlers?,
                 Err(_) => return Err(self.commit.timed_out().into()),
             };
@@ -491,7 +495,7 @@ impl Client {
     }
 
     /// Builds a topic emit's events, one per handler of `subscribers` (read
-    /// with [`Store::subscribers`], or inside the caller's transaction: see
+    /// with [`Topics::subscribers`], or inside the caller's transaction: see
     /// `herald_postgres::PgStore::emit_topic_in`), without storing them.
     /// No subscriber: [`ClientError::NoSubscribers`].
     pub fn prepare_topic(
@@ -545,14 +549,14 @@ impl Client {
     /// the subscribers after it is stored.
     pub async fn subscribe(&self, subscription: &Subscription) -> Result<bool, ClientError> {
         check_subscription(subscription)?;
-        Ok(self.store.subscribe(subscription).await?)
+        Ok(self.topics.subscribe(subscription).await?)
     }
 
     /// Removes a subscription; false if there was none. Events already
     /// stored for it stay, and run.
     pub async fn unsubscribe(&self, subscription: &Subscription) -> Result<bool, ClientError> {
         check_subscription(subscription)?;
-        Ok(self.store.unsubscribe(subscription).await?)
+        Ok(self.topics.unsubscribe(subscription).await?)
     }
 
     /// The handlers an emit to `topic` for `tenant` would store an event
@@ -560,7 +564,7 @@ impl Client {
     pub async fn subscribers(&self, tenant: &str, topic: &str) -> Result<Vec<String>, ClientError> {
         check_name("tenant", tenant)?;
         check_name("topic", topic)?;
-        Ok(self.store.subscribers(tenant, topic).await?)
+        Ok(self.topics.subscribers(tenant, topic).await?)
     }
 
     /// The subscriptions, of one topic or of all.
@@ -571,7 +575,7 @@ impl Client {
         if let Some(topic) = topic {
             check_name("topic", topic)?;
         }
-        Ok(self.store.subscriptions(topic).await?)
+        Ok(self.topics.subscriptions(topic).await?)
     }
 
     /// Publishes the notifications of a topic emit stored in the caller's
@@ -633,7 +637,7 @@ impl Client {
         handler: &str,
         kind: RuleKind,
     ) -> Result<bool, ClientError> {
-        Ok(self.store.add_rule(&rule(tenant, handler, kind)?).await?)
+        Ok(self.rules.add_rule(&rule(tenant, handler, kind)?).await?)
     }
 
     async fn remove_rule(
@@ -643,10 +647,10 @@ impl Client {
         kind: RuleKind,
     ) -> Result<Release, ClientError> {
         let removed = self
-            .store
+            .rules
             .remove_rule(&rule(tenant, handler, kind)?)
             .await?;
-        let still_held = self.store.rules_for(tenant, handler).await?;
+        let still_held = self.rules.rules_for(tenant, handler).await?;
         let mut release = Release {
             removed,
             still_held,
@@ -662,7 +666,7 @@ impl Client {
         let mut after = None;
         loop {
             let page = self
-                .store
+                .rules
                 .renotify_page(tenant, handler, after, RENOTIFY_PAGE)
                 .await?;
             let Some(last) = page.last() else { break };
@@ -676,7 +680,7 @@ impl Client {
     /// Moves a dead event back to pending with fresh attempts and notifies it.
     /// Returns false if the event is not dead.
     pub async fn retry_dead(&self, id: EventId) -> Result<bool, ClientError> {
-        match self.store.revive(id).await? {
+        match self.operator.revive(id).await? {
             Some(s) => {
                 self.publisher.publish_now(vec![s]).await;
                 Ok(true)
@@ -687,12 +691,18 @@ impl Client {
 
     /// Deletes an event that is not running. Returns whether it was deleted.
     pub async fn delete(&self, id: EventId) -> Result<bool, ClientError> {
-        Ok(self.store.delete(id).await?)
+        Ok(self.operator.delete(id).await?)
     }
 
     /// One event.
     pub async fn get(&self, id: EventId) -> Result<Option<Event>, ClientError> {
-        Ok(self.store.get(id).await?)
+        Ok(self.operator.get(id).await?)
+    }
+
+    /// The event's error history, oldest first (see
+    /// [`Operator::history`]).
+    pub async fn history(&self, id: EventId) -> Result<Vec<AttemptError>, ClientError> {
+        Ok(self.operator.history(id).await?)
     }
 
     /// Events matching `filter`, in id order.
@@ -701,47 +711,22 @@ impl Client {
         filter: &EventFilter,
         limit: usize,
     ) -> Result<Vec<Event>, ClientError> {
-        Ok(self.store.list(filter, limit).await?)
-    }
-
-    /// Stored events counted by tenant, handler and state, exactly (it
-    /// reads every pending event: on big tables prefer
-    /// [`Client::handler_counts`]). Kept for compatibility.
-    pub async fn counts(&self) -> Result<Vec<Count>, ClientError> {
-        let rows = self.store.counts(&CountsQuery::totals()).await?;
-        let mut out = Vec::new();
-        for r in rows {
-            for (state, count) in [
-                (EventState::Pending, r.pending()),
-                (EventState::Dead, r.dead),
-                (EventState::Done, r.done),
-            ] {
-                if count > 0 {
-                    out.push(Count {
-                        tenant: r.tenant.clone(),
-                        handler: r.handler.clone(),
-                        state,
-                        count,
-                    });
-                }
-            }
-        }
-        Ok(out)
+        Ok(self.operator.list(filter, limit).await?)
     }
 
     /// Counts per `(tenant, handler)`: waiting, running, delayed, held,
-    /// dead and done, cheap on millions of events (see [`Store::counts`];
+    /// dead and done, cheap on millions of events (see [`Operator::counts`];
     /// a row says when its split is `estimated`).
     pub async fn handler_counts(
         &self,
         query: &CountsQuery,
     ) -> Result<Vec<HandlerCounts>, ClientError> {
-        Ok(self.store.counts(query).await?)
+        Ok(self.operator.counts(query).await?)
     }
 
     /// Every pause and block.
     pub async fn rules(&self) -> Result<Vec<Rule>, ClientError> {
-        Ok(self.store.rules().await?)
+        Ok(self.rules.rules().await?)
     }
 }
 
@@ -861,20 +846,14 @@ fn topic_copies(
 /// with no control characters. Anything else (quotes, slashes, unicode, SQL)
 /// is stored and shown exactly as given.
 pub fn check_name(field: &'static str, value: &str) -> Result<(), ClientError> {
-    let reason = if value.is_empty() {
-        "it is empty"
-    } else if value.len() > MAX_NAME_LEN {
-        "it is longer than 200 bytes"
-    } else if value.chars().any(char::is_control) {
-        "it contains a control character"
-    } else {
-        return Ok(());
-    };
-    Err(ClientError::InvalidName {
-        field,
-        value: value.chars().take(60).collect(),
-        reason,
-    })
+    match crate::model::name_rule_broken(value) {
+        None => Ok(()),
+        Some(reason) => Err(ClientError::InvalidName {
+            field,
+            value: value.chars().take(60).collect(),
+            reason,
+        }),
+    }
 }
 
 #[cfg(test)]

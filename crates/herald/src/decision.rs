@@ -1,7 +1,7 @@
 //! The worker's decision, as pure functions of plain data that return whole answers.
 //!
 //! This file is docs/semantics.md's decision table in code. A notification arrives;
-//! the worker first tries the one-statement claim (`Store::claim`: due,
+//! the worker first tries the one-statement claim (`EventStore::claim`: due,
 //! pending, unleased or expired, attempts left, a known handler, no rule).
 //! Only when that claims nothing does it load the event and ask [`admit`]
 //! why. When a handler finishes, [`settle`] says what to write. Each answer
@@ -18,7 +18,7 @@
 //! | HandlerCheck | no handler of that name here | drop, event kept; the reconciler re-offers it | ack | [`admit`]: [`Verdict::Drop`] |
 //! | LockCheck | a live lease is held | requeue | nack until expiry + jitter | [`admit`]: [`Verdict::Requeue`] |
 //! | LockCheck | expired or no lease, no attempts left | bury: fenced move to dead | ack; fence refused: as a lost claim | [`admit`]: [`Verdict::Bury`] |
-//! | LockCheck | no lease, or an expired one | claim | | the claim statement (`Store::claim`) |
+//! | LockCheck | no lease, or an expired one | claim | | the claim statement (`EventStore::claim`) |
 //! | LockClaim | compare-and-set lost | requeue | nack, short | [`admit`]: [`Verdict::Claim`] |
 //! | LockClaim | won | run, `attempt += 1` | extend while running | the claim statement; runs in `worker/run.rs` |
 //! | Process | done | delete (or archive) | ack | [`settle`] |
@@ -48,10 +48,10 @@
 
 use std::time::Duration;
 
+use crate::backend::{Finish, LeaseRef, Settle, StoreResult};
 use crate::handler::Outcome;
 use crate::model::{Event, EventId, EventState, Millis, RuleMatch};
 use crate::retry::RetryPolicy;
-use crate::store::{Finish, LeaseRef, Settle};
 
 /// What the worker tells the queue about one notification.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -155,6 +155,18 @@ pub struct Write {
     pub failed: Answer,
 }
 
+impl Write {
+    /// The answer for this write as the `i`th of a batch, as the store's
+    /// `held` (one flag per write) says it turned out.
+    pub fn answer(&self, held: &StoreResult<Vec<bool>>, i: usize) -> Answer {
+        match held {
+            Ok(held) if held.get(i) == Some(&true) => self.held,
+            Ok(_) => self.refused,
+            Err(_) => self.failed,
+        }
+    }
+}
+
 /// A decision's whole answer, for the runtime to carry out.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Plan {
@@ -170,8 +182,9 @@ pub struct Policy {
     /// Backoff between failed attempts.
     pub retry: RetryPolicy,
     /// The longest delay the queue can hold a message for (`None`: no limit).
-    /// Longer delays bounce at this maximum until due.
-    pub max_queue_delay: Option<Duration>,
+    /// Longer delays bounce at this maximum until due. Set when a worker
+    /// starts, from its queue.
+    pub(crate) max_queue_delay: Option<Duration>,
     /// Delay after losing a compare-and-set claim. Default 100 ms.
     pub lost_claim_delay: Duration,
     /// Extra random wait after a live lease's expiry, so that the workers who
@@ -179,8 +192,9 @@ pub struct Policy {
     pub lease_jitter: Duration,
     /// Delay before a notification whose store step failed comes back. Default 1 s.
     pub store_retry_delay: Duration,
-    /// Keep done events (archive) instead of deleting them.
-    pub keep_done: bool,
+    /// Keep done events (archive) instead of deleting them. Set when a
+    /// worker starts, from [`WorkerConfig::done_retention`](crate::WorkerConfig::done_retention).
+    pub(crate) keep_done: bool,
 }
 
 impl Default for Policy {
@@ -193,6 +207,27 @@ impl Default for Policy {
             store_retry_delay: Duration::from_secs(1),
             keep_done: false,
         }
+    }
+}
+
+#[cfg(feature = "testkit")]
+impl Policy {
+    /// This policy with what a worker decides when it starts: its queue's
+    /// longest delay and whether done events are kept (for property tests).
+    pub fn decided(mut self, max_queue_delay: Option<Duration>, keep_done: bool) -> Self {
+        self.max_queue_delay = max_queue_delay;
+        self.keep_done = keep_done;
+        self
+    }
+
+    /// The queue's longest delay, as decided at start.
+    pub fn max_queue_delay(&self) -> Option<Duration> {
+        self.max_queue_delay
+    }
+
+    /// Whether done events are kept, as decided at start.
+    pub fn keep_done(&self) -> bool {
+        self.keep_done
     }
 }
 

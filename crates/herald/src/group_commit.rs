@@ -25,10 +25,10 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
 
+use crate::backend::{EventStore, StoreError, StoreResult};
 use crate::escape::escaped;
 use crate::model::{Emitted, NewEvent};
 use crate::publisher::{created, Publisher};
-use crate::store::{Store, StoreError, StoreResult};
 
 /// How many grouped store writes may run at once by default: see
 /// [`crate::Client::group_commit`].
@@ -60,7 +60,7 @@ struct Pending {
 /// Writes emits, grouping those that wait for a free write, and publishes
 /// their notifications.
 pub(crate) struct GroupCommit {
-    store: Arc<dyn Store>,
+    store: Arc<dyn EventStore>,
     /// Publishes the notifications of emits written on their own and of
     /// each group, a group's as one.
     publisher: Arc<Publisher>,
@@ -78,7 +78,7 @@ impl GroupCommit {
     /// each emit is written on its own, as it comes), and notifies through
     /// `publisher`; an emit waits for its write at most `timeout`.
     pub(crate) fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn EventStore>,
         publisher: Arc<Publisher>,
         writes: usize,
         timeout: Duration,
@@ -175,7 +175,7 @@ impl GroupCommit {
 /// store was slow or away) is dropped unwritten: its caller was told the
 /// store is unavailable.
 async fn write_groups(
-    store: Arc<dyn Store>,
+    store: Arc<dyn EventStore>,
     publisher: Arc<Publisher>,
     writes: usize,
     mut inbox: mpsc::UnboundedReceiver<Pending>,
@@ -229,7 +229,7 @@ type Answered = (oneshot::Sender<Answer>, Answer);
 /// answer, in the group's order. If the call fails for a reason other than
 /// a lost store, each emit is written again on its own, so that one emit's
 /// bad event fails only that emit.
-async fn write_group(store: &dyn Store, mut group: Vec<Pending>) -> Vec<Answered> {
+async fn write_group(store: &dyn EventStore, mut group: Vec<Pending>) -> Vec<Answered> {
     if group.len() == 1 {
         let p = group.pop().expect("one");
         let out = store.emit(&p.events).await;

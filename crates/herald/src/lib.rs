@@ -1,42 +1,59 @@
 //! herald: a durable event queue. The database stores, the queue schedules.
 //!
+//! An embedder uses the crate root: a [`Client`] to emit events and run the
+//! operator's verbs, a [`Worker`] (built with [`WorkerBuilder`] and
+//! [`WorkerConfig`]) to run [`Handler`]s, [`Job`]s and functions on them,
+//! the model types ([`Event`], [`Rule`], [`Subscription`], …), a [`Queue`]
+//! ([`MemoryQueue`] in one process) and a store from a backend crate.
+//! [`client`] and [`schedule`] hold the client's limits and the schedule
+//! definitions. A store implements [`backend`]; a queue implements
+//! [`queue`]. The conformance tests are in `testkit` (feature `testkit`).
+//!
 //! See `docs/architecture.md` for how the pieces fit.
 
+pub mod backend;
 pub mod client;
+// The worker's decisions: the crate's own, public with the test kit only
+// for their property tests (`tests/decision_props.rs`).
+#[cfg(feature = "testkit")]
+#[doc(hidden)]
 pub mod decision;
+#[cfg(not(feature = "testkit"))]
+mod decision;
+#[doc(hidden)]
 pub mod escape;
 mod group_commit;
-pub mod handler;
-pub mod memory_queue;
-pub mod model;
+mod handler;
+mod memory_queue;
+mod model;
 mod publisher;
 pub mod queue;
+#[doc(hidden)]
 pub mod redact;
-pub mod retry;
+mod retry;
 pub mod schedule;
-pub mod store;
-pub mod sweep;
 #[cfg(feature = "testkit")]
 pub mod testkit;
-pub mod worker;
+mod worker;
 
+pub use backend::{
+    CappedCount, CountsQuery, EventFilter, HandlerCounts, Leadership, PendingSample, Store,
+    StoreError, StoreResult, SubscriptionSync, DEFAULT_IDEMPOTENCY_WINDOW,
+};
 pub use client::{
     Client, ClientError, EmitOptions, EmitRequest, Release, StoredTopicEmit, SubscriberEmitted,
     TopicEmitted,
 };
+pub use decision::Policy;
 pub use handler::{Context, Handler, HandlerError, IntoOutcome, Job, Outcome};
 pub use memory_queue::MemoryQueue;
 pub use model::{
-    AttemptError, Emitted, Event, EventId, EventState, Lease, LeaseToken, Millis, NewEvent,
-    Notification, Rule, RuleKind, RuleMatch, RunAt, Subscription,
+    AttemptError, BadNotification, Emitted, Event, EventId, EventState, Lease, LeaseToken, Millis,
+    NewEvent, Notification, Rule, RuleKind, RuleMatch, RunAt, Subscription,
 };
 pub use queue::{Delivery, DeliveryTag, MessageLimits, Publish, Queue, QueueError, Retention};
 pub use retry::{RetryPolicy, DEFAULT_MAX_ATTEMPTS};
-pub use store::{
-    CappedCount, CountsQuery, EventFilter, HandlerCounts, Leadership, PendingSample, Store,
-    StoreError, StoreResult, SubscriptionSync, DEFAULT_IDEMPOTENCY_WINDOW,
-};
 pub use worker::{
     RunObserver, RunSettled, ShutdownHandle, ShutdownReport, StatsSnapshot, Worker, WorkerBuilder,
-    WorkerConfig, WorkerConfigError, WorkerStats,
+    WorkerConfig, WorkerConfigError, WorkerStats, DEFAULT_LEASE, MIN_LEASE,
 };

@@ -496,6 +496,25 @@ fn json_text_len(text: &str) -> usize {
         .sum()
 }
 
+/// The default payload size limit: 1 MiB.
+pub const DEFAULT_MAX_PAYLOAD: usize = 1 << 20;
+/// The longest tenant, handler or idempotency key, in bytes.
+pub const MAX_NAME_LEN: usize = 200;
+
+/// The naming rule of tenants, handlers, topics and keys: which part of it
+/// `value` breaks, if any.
+pub(crate) fn name_rule_broken(value: &str) -> Option<&'static str> {
+    if value.is_empty() {
+        Some("it is empty")
+    } else if value.len() > MAX_NAME_LEN {
+        Some("it is longer than 200 bytes")
+    } else if value.chars().any(char::is_control) {
+        Some("it contains a control character")
+    } else {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

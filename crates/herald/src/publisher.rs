@@ -17,10 +17,10 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
 
+use crate::backend::Scheduled;
 use crate::escape::escaped;
 use crate::model::{Emitted, NewEvent};
 use crate::queue::{Publish, Queue};
-use crate::store::Scheduled;
 
 /// How long emits' notifications wait at most for a publish in flight by
 /// default: see

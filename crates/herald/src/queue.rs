@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
+use crate::backend::Scheduled;
 use crate::model::Notification;
-use crate::store::Scheduled;
 
 /// Errors from a queue.
 #[derive(Debug, thiserror::Error)]

@@ -5,7 +5,7 @@
 //! expression read in a time zone, or a fixed interval), a payload and
 //! options, and a cursor: [`Schedule::next_at`], the next occurrence not yet
 //! emitted. [`fire`] says, for the store's `now`, which occurrences to emit
-//! and where the cursor goes; [`crate::Store::fire_schedule`] moves the
+//! and where the cursor goes; [`crate::backend::Schedules::fire_schedule`] moves the
 //! cursor from the value it was read at (compare-and-set) and inserts the
 //! occurrences' events in one transaction, so that each occurrence is
 //! emitted once whoever leads. docs/schedules.md gives the argument.
@@ -17,8 +17,7 @@ use chrono::{DateTime, TimeZone};
 pub use chrono_tz::Tz;
 use serde_json::value::RawValue;
 
-use crate::client::{check_name, DEFAULT_MAX_PAYLOAD};
-use crate::model::{EventId, Millis, NewEvent, RunAt};
+use crate::model::{name_rule_broken, EventId, Millis, NewEvent, RunAt, DEFAULT_MAX_PAYLOAD};
 use crate::retry::DEFAULT_MAX_ATTEMPTS;
 
 /// The longest schedule name, in bytes: its events' idempotency key
@@ -519,15 +518,15 @@ impl ScheduleDef {
     /// Checks the definition and places its cursor at the first occurrence
     /// after `now`. Payloads over `max_payload` bytes are refused.
     pub fn build(&self, now: Millis, max_payload: usize) -> Result<Schedule, ScheduleError> {
-        let name_error = |e: crate::ClientError| match e {
-            crate::ClientError::InvalidName { field, reason, .. } => {
-                ScheduleError::invalid(field, reason)
+        for (field, value) in [
+            ("tenant", &self.tenant),
+            ("handler", &self.handler),
+            ("name", &self.name),
+        ] {
+            if let Some(reason) = name_rule_broken(value) {
+                return Err(ScheduleError::invalid(field, reason));
             }
-            other => ScheduleError::invalid("name", other.to_string()),
-        };
-        check_name("tenant", &self.tenant).map_err(name_error)?;
-        check_name("handler", &self.handler).map_err(name_error)?;
-        check_name("name", &self.name).map_err(name_error)?;
+        }
         if self.name.len() > MAX_SCHEDULE_NAME_LEN {
             return Err(ScheduleError::invalid(
                 "name",
@@ -684,7 +683,7 @@ pub fn fire(schedule: &Schedule, now: Millis, grace: Duration) -> Firing {
     firing
 }
 
-/// Due schedules, as [`crate::Store::due_schedules`] read them.
+/// Due schedules, as [`crate::backend::Schedules::due_schedules`] read them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DueSchedules {
     /// The store's clock when they were read: the `now` of [`fire`].
@@ -693,7 +692,7 @@ pub struct DueSchedules {
     pub schedules: Vec<Schedule>,
 }
 
-/// One [`crate::Store::fire_schedule`] call: move the cursor of `(tenant,
+/// One [`crate::backend::Schedules::fire_schedule`] call: move the cursor of `(tenant,
 /// name)` from `expected_next_at` to `next_at` and insert `events`, or do
 /// nothing if the cursor is elsewhere.
 #[derive(Clone, Debug, PartialEq)]

@@ -11,10 +11,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use herald::backend::{Finish, LeaseRef, Settle};
 use herald::decision::{
     self, Admission, Answer, Claimed, Inspection, Plan, Policy, Reply, RunEnd, Tally, Verdict,
 };
-use herald::store::{Finish, LeaseRef, Settle};
 use herald::{
     Event, EventId, EventState, Lease, LeaseToken, Millis, NewEvent, Outcome, RetryPolicy,
     RuleMatch, RunSettled, Store,
@@ -36,19 +36,17 @@ fn policy() -> impl Strategy<Value = Policy> {
     )
         .prop_map(
             |((base, factor, max, jitter), max_queue_delay, (lost, lease_jitter, store), keep)| {
-                Policy {
-                    retry: RetryPolicy {
-                        base,
-                        factor,
-                        max,
-                        jitter,
-                    },
-                    max_queue_delay,
-                    lost_claim_delay: lost,
-                    lease_jitter,
-                    store_retry_delay: store,
-                    keep_done: keep,
-                }
+                let mut policy = Policy::default().decided(max_queue_delay, keep);
+                policy.retry = RetryPolicy {
+                    base,
+                    factor,
+                    max,
+                    jitter,
+                };
+                policy.lost_claim_delay = lost;
+                policy.lease_jitter = lease_jitter;
+                policy.store_retry_delay = store;
+                policy
             },
         )
 }
@@ -135,7 +133,7 @@ fn answers(plan: &Plan) -> Vec<Answer> {
 /// Every nack delay is within the policy's queue limit.
 fn delays_capped(plan: &Plan, policy: &Policy) -> Result<(), TestCaseError> {
     for a in answers(plan) {
-        if let (Reply::Nack(d), Some(max)) = (a.reply, policy.max_queue_delay) {
+        if let (Reply::Nack(d), Some(max)) = (a.reply, policy.max_queue_delay()) {
             prop_assert!(d <= max, "nack {d:?} over the queue's {max:?}");
         }
     }
@@ -220,8 +218,8 @@ proptest! {
         prop_assert_eq!(w.failed.tally, Tally::Nothing);
         prop_assert!(matches!(w.failed.reply, Reply::Nack(_)));
         match (&end, &w.settle.finish) {
-            (RunEnd::Returned(Outcome::Done), Finish::Delete) => prop_assert!(!policy.keep_done),
-            (RunEnd::Returned(Outcome::Done), Finish::Archive) => prop_assert!(policy.keep_done),
+            (RunEnd::Returned(Outcome::Done), Finish::Delete) => prop_assert!(!policy.keep_done()),
+            (RunEnd::Returned(Outcome::Done), Finish::Archive) => prop_assert!(policy.keep_done()),
             (RunEnd::Returned(Outcome::Done), other) => {
                 return Err(TestCaseError::fail(format!("a done run wrote {other:?}")))
             }
@@ -286,7 +284,7 @@ async fn emit(store: &dyn Store, max_attempts: u32) -> EventId {
 async fn claim(store: &dyn Store, id: EventId, token: LeaseToken) -> Vec<Event> {
     store
         .claim(
-            &[herald::store::LeaseRef { id, token }],
+            &[herald::backend::LeaseRef { id, token }],
             &["h".to_string()],
             &["acme".to_string()],
             Duration::from_secs(60),
@@ -369,7 +367,7 @@ fn an_events_life_never_passes_its_attempts_nor_runs_after_it_ends() {
     let config = ProptestConfig::with_cases(64);
     proptest!(config, |(max in 1u32..5, ends in proptest::collection::vec(replayable_end(), 1..16), keep_done in any::<bool>())| {
         rt.block_on(async {
-            let policy = Policy { keep_done, ..Policy::default() };
+            let policy = Policy::default().decided(None, keep_done);
             let id = emit(store, max).await;
             let mut failures = 0;
             let mut ended = false;
@@ -425,10 +423,7 @@ fn an_events_life_never_passes_its_attempts_nor_runs_after_it_ends() {
 /// not held to the queue's delay limit, as every other nack is.
 #[test]
 fn a_queue_limit_below_the_fixed_delays_caps_every_nack() {
-    let policy = Policy {
-        max_queue_delay: Some(Duration::ZERO),
-        ..Policy::default()
-    };
+    let policy = Policy::default().decided(Some(Duration::ZERO), false);
     assert_eq!(
         decision::store_failed(&policy).reply,
         Reply::Nack(Duration::ZERO)

@@ -27,8 +27,6 @@ pub(super) struct FileConfig {
     pub(super) pg_max_connections: Option<u64>,
     pub(super) pg_acquire_timeout: Option<Dur>,
     pub(super) pg_run_commits: Option<String>,
-    /// The earlier name of `pg_run_commits`, read only to say so.
-    pub(super) pg_async_run_commits: Option<bool>,
     pub(super) notify_linger: Option<Dur>,
     pub(super) notify_publishes: Option<u64>,
     pub(super) group_commit_writes: Option<u64>,

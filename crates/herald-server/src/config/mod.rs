@@ -182,7 +182,7 @@ pub struct ServeConfig {
     /// notifications' publish ([`herald::Client::notify_wait`]).
     pub notify_wait: Duration,
     /// How long an idempotency key keeps naming its event, at least, after
-    /// the emit and after the event finished ([`herald::Store::purge_keys`],
+    /// the emit and after the event finished ([`herald::backend::Reconciliation::purge_keys`],
     /// docs/semantics.md).
     pub idempotency_window: Duration,
     /// The worker's settings.
@@ -199,7 +199,7 @@ pub struct ServeConfig {
     pub handlers: BTreeMap<String, toml::Value>,
     /// `[[subscriptions]]`: applied to the store at start, replacing the
     /// subscriptions an earlier start took from the file
-    /// ([`herald::Store::sync_subscriptions`]).
+    /// ([`herald::backend::Topics::sync_subscriptions`]).
     pub subscriptions: Vec<herald::Subscription>,
     /// `[[schedules]]`, checked (docs/schedules.md): applied on start and
     /// on SIGHUP.

@@ -51,13 +51,6 @@ pub(super) fn resolve(mut raw: FileConfig, origins: &Origins) -> Result<ServeCon
         herald::client::check_name("handler", name)
             .map_err(|e| err(&format!("handlers.{name}"), e.to_string()))?;
     }
-    if let Some(was) = raw.pg_async_run_commits {
-        let now = if was { "unflushed" } else { "flushed" };
-        return Err(err(
-            "pg_async_run_commits",
-            format!("this setting is now pg_run_commits: write pg_run_commits = \"{now}\" for {was} (the default, \"unflushed-claims\", lets only claims skip the flush; ADR 0012)"),
-        ));
-    }
     let pg_run_commits = match raw.pg_run_commits.as_deref() {
         None => RunCommits::default(),
         Some(text) => text.parse().map_err(|m| err("pg_run_commits", m))?,

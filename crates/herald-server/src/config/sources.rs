@@ -53,11 +53,6 @@ pub(super) const ENV_KEYS: &[(&str, &str, Kind)] = &[
         Kind::Text,
     ),
     ("HERALD_PG_RUN_COMMITS", "pg_run_commits", Kind::Text),
-    (
-        "HERALD_PG_ASYNC_RUN_COMMITS",
-        "pg_async_run_commits",
-        Kind::Boolean,
-    ),
     ("HERALD_LISTEN", "listen", Kind::Text),
     ("HERALD_NOTIFY_LINGER", "notify_linger", Kind::Text),
     ("HERALD_NOTIFY_PUBLISHES", "notify_publishes", Kind::Integer),

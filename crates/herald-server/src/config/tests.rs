@@ -417,17 +417,6 @@ fn nats_and_pool_settings_are_read_from_the_file_and_the_environment() {
         m.contains("pg_run_commits: \"async\" is not a way to commit runs: write one of \"flushed\", \"unflushed-claims\" (the default), \"unflushed\""),
         "{m}"
     );
-    // The setting's earlier name is refused with the new one's equivalent.
-    let m = bad(Some("pg_async_run_commits = true"), &[]);
-    assert!(
-        m.contains("pg_async_run_commits: this setting is now pg_run_commits: write pg_run_commits = \"unflushed\" for true"),
-        "{m}"
-    );
-    let m = bad(None, &[("HERALD_PG_ASYNC_RUN_COMMITS", "false")]);
-    assert!(
-        m.starts_with("environment variable HERALD_PG_ASYNC_RUN_COMMITS: pg_async_run_commits: this setting is now pg_run_commits: write pg_run_commits = \"flushed\" for false"),
-        "{m}"
-    );
     let c = load_with(
         None,
         &[

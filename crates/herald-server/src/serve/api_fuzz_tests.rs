@@ -23,6 +23,7 @@ fn router(dir: &tempfile::TempDir) -> Router {
     let store = Arc::new(SqliteStore::open(dir.path().join("api.db")).unwrap());
     let queue = Arc::new(MemoryQueue::default());
     let state = Arc::new(AppState {
+        schedules: store.clone(),
         client: Client::new(store, queue).max_payload(64 * 1024),
         tokens: Tokens::new(&AuthConfig::default()),
         tracker: Arc::new(Tracker::default()),

@@ -72,6 +72,7 @@ impl Harness {
                 .start()
         });
         let state = Arc::new(AppState {
+            schedules: store.clone(),
             client: Client::new(store, queue).max_payload(max_payload),
             tokens: Tokens::new(&auth),
             tracker,
@@ -712,9 +713,9 @@ async fn a_tenant_token_is_confined_to_its_tenant() {
     let (_, v) = h.call(Method::GET, "/v1/rules", Some(OPERATOR), None).await;
     assert_eq!(v["rules"].as_array().unwrap().len(), 2);
     let (_, v) = h.call(Method::GET, "/v1/stats", Some(ACME), None).await;
-    assert_eq!(v["counts"].as_array().unwrap().len(), 1, "{v}");
-    assert_eq!(v["counts"][0]["tenant"], "acme");
-    assert_eq!(v["counts"][0]["paused"], true);
+    assert_eq!(v["by_handler"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(v["by_handler"][0]["tenant"], "acme");
+    assert_eq!(v["by_handler"][0]["paused"], true);
     assert_eq!(v["recent"], Value::Null);
 }
 
@@ -804,7 +805,7 @@ async fn odd_names_round_trip_exactly_and_control_characters_are_refused() {
         .all(|r| r["handler"] == names[1]));
     let (_, v) = h.call(Method::GET, "/v1/stats", Some(OPERATOR), None).await;
     assert_eq!(
-        v["counts"].as_array().unwrap().len(),
+        v["by_handler"].as_array().unwrap().len(),
         names.len() * names.len()
     );
 
@@ -1333,14 +1334,18 @@ async fn stats_and_metrics_show_what_ran() {
         .as_f64()
         .expect("a p99");
     assert!(p50 <= p99 && p99 < 5.0, "{stats}");
-    let counts = stats["counts"].as_array().unwrap();
+    let counts = stats["by_handler"].as_array().unwrap();
     assert_eq!(
         counts.len(),
         1,
         "done events are deleted; the paused one stays: {stats}"
     );
     assert_eq!(counts[0]["handler"], "stats_paused");
-    assert_eq!(counts[0]["state"], "pending");
+    assert!(counts[0]["held"].as_u64().unwrap() > 0, "{stats}");
+    assert_eq!(
+        (&counts[0]["dead"], &counts[0]["done"]),
+        (&json!(0), &json!(0))
+    );
     assert_eq!(counts[0]["paused"], true);
     assert_eq!(counts[0]["blocked"], false);
     let by_handler = stats["by_handler"].as_array().unwrap();

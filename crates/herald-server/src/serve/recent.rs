@@ -1,6 +1,6 @@
 //! Recent activity for `GET /v1/stats`: runs done and failed per second, and
 //! the emit-to-start latency, over the last minute. Fed by the worker
-//! through [`herald::worker::RunObserver`]; kept in this process only.
+//! through [`herald::RunObserver`]; kept in this process only.
 //!
 //! A ring of one-second slots per handler (and one for all of them). Each
 //! slot counts runs and keeps a histogram of latencies with logarithmic
@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use herald::worker::{RunObserver, RunSettled};
+use herald::{RunObserver, RunSettled};
 use serde::Serialize;
 
 /// The window, in one-second slots.

@@ -7,12 +7,13 @@
 
 use std::collections::HashSet;
 
+use herald::backend::Schedules;
 use herald::schedule::{ScheduleDef, ScheduleError, ScheduleSource};
-use herald::{Store, StoreError};
+use herald::StoreError;
 
 /// What applying the file's schedules did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Applied {
+pub(super) struct Applied {
     /// Schedules created.
     pub created: usize,
     /// Schedules whose definition was written again (changed or not).
@@ -23,7 +24,7 @@ pub struct Applied {
 
 /// Why the file's schedules could not be applied.
 #[derive(Debug, thiserror::Error)]
-pub enum ApplyError {
+pub(super) enum ApplyError {
     /// A definition is refused (the configuration checks them first, so
     /// only a caller that skipped them sees this).
     #[error("schedule {tenant}/{name}: {source}")]
@@ -43,8 +44,8 @@ pub enum ApplyError {
 
 /// Writes `defs` (the file's schedules) to the store and deletes the file's
 /// schedules that are not among them.
-pub async fn apply(
-    store: &dyn Store,
+pub(super) async fn apply(
+    store: &dyn Schedules,
     defs: &[ScheduleDef],
     max_payload: usize,
 ) -> Result<Applied, ApplyError> {

@@ -27,16 +27,16 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
 }
 
 /// `GET /`: the dashboard.
-pub async fn index() -> Response {
+pub(super) async fn index() -> Response {
     asset("text/html; charset=utf-8", INDEX_HTML)
 }
 
 /// `GET /ui/app.js`.
-pub async fn app_js() -> Response {
+pub(super) async fn app_js() -> Response {
     asset("text/javascript; charset=utf-8", APP_JS)
 }
 
 /// `GET /ui/app.css`.
-pub async fn app_css() -> Response {
+pub(super) async fn app_css() -> Response {
     asset("text/css; charset=utf-8", APP_CSS)
 }

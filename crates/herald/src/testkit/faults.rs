@@ -7,11 +7,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::model::{Emitted, Event, EventId, NewEvent, Rule, RuleMatch, Subscription};
-use crate::store::{
-    EventFilter, Inspection, LeaseRef, Scheduled, Settle, Store, StoreError, StoreResult,
-    SubscriptionSync, SweepPage, SweepPass,
+use crate::backend::{
+    EventFilter, EventStore, Inspection, LeaderElection, LeaseRef, Operator, Reconciliation, Rules,
+    Scheduled, Schedules, Settle, Store, StoreError, StoreResult, SubscriptionSync, SweepPage,
+    SweepPass, Topics,
 };
+use crate::model::{Emitted, Event, EventId, NewEvent, Rule, RuleMatch, Subscription};
 
 /// A store around a real one that fails or slows down on purpose, and
 /// passes everything else to the store inside: it refuses (with
@@ -101,7 +102,7 @@ impl Faulty {
 }
 
 #[async_trait::async_trait]
-impl Store for Faulty {
+impl EventStore for Faulty {
     async fn emit(&self, events: &[NewEvent]) -> StoreResult<Vec<Emitted>> {
         if let Some(tenant) = &self.refused_tenant {
             if events.iter().any(|e| &e.tenant == tenant) {
@@ -114,6 +115,7 @@ impl Store for Faulty {
         tokio::time::sleep(self.emit_delay).await;
         self.inner.emit(events).await
     }
+
     async fn claim(
         &self,
         leases: &[LeaseRef],
@@ -123,9 +125,11 @@ impl Store for Faulty {
     ) -> StoreResult<Vec<Event>> {
         self.inner.claim(leases, handlers, tenants, lease).await
     }
+
     async fn inspect(&self, ids: &[EventId]) -> StoreResult<Inspection> {
         self.inner.inspect(ids).await
     }
+
     async fn settle(&self, batch: &[Settle]) -> StoreResult<Vec<bool>> {
         let panics = &self.settle_panics;
         if panics
@@ -143,39 +147,33 @@ impl Store for Faulty {
         c.in_flight.fetch_sub(1, Ordering::SeqCst);
         held
     }
+
     async fn renew(&self, leases: &[LeaseRef], lease: Duration) -> StoreResult<Vec<bool>> {
         if self.renewals_hang {
             std::future::pending::<()>().await;
         }
         self.inner.renew(leases, lease).await
     }
+}
+
+#[async_trait::async_trait]
+impl Rules for Faulty {
     async fn add_rule(&self, rule: &Rule) -> StoreResult<bool> {
         self.inner.add_rule(rule).await
     }
+
     async fn remove_rule(&self, rule: &Rule) -> StoreResult<bool> {
         self.inner.remove_rule(rule).await
     }
+
     async fn rules_for(&self, tenant: &str, handler: &str) -> StoreResult<RuleMatch> {
         self.inner.rules_for(tenant, handler).await
     }
+
     async fn rules(&self) -> StoreResult<Vec<Rule>> {
         self.inner.rules().await
     }
-    async fn subscribe(&self, subscription: &Subscription) -> StoreResult<bool> {
-        self.inner.subscribe(subscription).await
-    }
-    async fn unsubscribe(&self, subscription: &Subscription) -> StoreResult<bool> {
-        self.inner.unsubscribe(subscription).await
-    }
-    async fn subscribers(&self, tenant: &str, topic: &str) -> StoreResult<Vec<String>> {
-        self.inner.subscribers(tenant, topic).await
-    }
-    async fn subscriptions(&self, topic: Option<&str>) -> StoreResult<Vec<Subscription>> {
-        self.inner.subscriptions(topic).await
-    }
-    async fn sync_subscriptions(&self, declared: &[Subscription]) -> StoreResult<SubscriptionSync> {
-        self.inner.sync_subscriptions(declared).await
-    }
+
     async fn renotify_page(
         &self,
         tenant: &str,
@@ -187,6 +185,33 @@ impl Store for Faulty {
             .renotify_page(tenant, handler, after, limit)
             .await
     }
+}
+
+#[async_trait::async_trait]
+impl Topics for Faulty {
+    async fn subscribe(&self, subscription: &Subscription) -> StoreResult<bool> {
+        self.inner.subscribe(subscription).await
+    }
+
+    async fn unsubscribe(&self, subscription: &Subscription) -> StoreResult<bool> {
+        self.inner.unsubscribe(subscription).await
+    }
+
+    async fn subscribers(&self, tenant: &str, topic: &str) -> StoreResult<Vec<String>> {
+        self.inner.subscribers(tenant, topic).await
+    }
+
+    async fn subscriptions(&self, topic: Option<&str>) -> StoreResult<Vec<Subscription>> {
+        self.inner.subscriptions(topic).await
+    }
+
+    async fn sync_subscriptions(&self, declared: &[Subscription]) -> StoreResult<SubscriptionSync> {
+        self.inner.sync_subscriptions(declared).await
+    }
+}
+
+#[async_trait::async_trait]
+impl Reconciliation for Faulty {
     async fn sweep(
         &self,
         quiet: Duration,
@@ -195,17 +220,7 @@ impl Store for Faulty {
     ) -> StoreResult<SweepPage> {
         self.inner.sweep(quiet, pass, limit).await
     }
-    async fn lead(
-        &self,
-        role: &str,
-        holder: &str,
-        lease: Duration,
-    ) -> StoreResult<crate::Leadership> {
-        self.inner.lead(role, holder, lease).await
-    }
-    async fn resign(&self, role: &str, holder: &str) -> StoreResult<()> {
-        self.inner.resign(role, holder).await
-    }
+
     async fn purge(
         &self,
         dead_retention: Duration,
@@ -216,48 +231,89 @@ impl Store for Faulty {
             .purge(dead_retention, done_retention, limit)
             .await
     }
+
     async fn purge_keys(&self, window: Duration, limit: usize) -> StoreResult<u64> {
         self.inner.purge_keys(window, limit).await
     }
+
     async fn upkeep(&self) -> StoreResult<()> {
         self.inner.upkeep().await
     }
+}
+
+#[async_trait::async_trait]
+impl LeaderElection for Faulty {
+    async fn lead(
+        &self,
+        role: &str,
+        holder: &str,
+        lease: Duration,
+    ) -> StoreResult<crate::Leadership> {
+        self.inner.lead(role, holder, lease).await
+    }
+
+    async fn resign(&self, role: &str, holder: &str) -> StoreResult<()> {
+        self.inner.resign(role, holder).await
+    }
+}
+
+#[async_trait::async_trait]
+impl Operator for Faulty {
     async fn get(&self, id: EventId) -> StoreResult<Option<Event>> {
         self.inner.get(id).await
     }
+
     async fn history(&self, id: EventId) -> StoreResult<Vec<crate::AttemptError>> {
         self.inner.history(id).await
     }
+
     async fn list(&self, filter: &EventFilter, limit: usize) -> StoreResult<Vec<Event>> {
         self.inner.list(filter, limit).await
     }
+
     async fn counts(&self, query: &crate::CountsQuery) -> StoreResult<Vec<crate::HandlerCounts>> {
         self.inner.counts(query).await
     }
+
     async fn revive(&self, id: EventId) -> StoreResult<Option<Scheduled>> {
         self.inner.revive(id).await
     }
+
     async fn delete(&self, id: EventId) -> StoreResult<bool> {
         self.inner.delete(id).await
     }
+}
+
+#[async_trait::async_trait]
+impl Schedules for Faulty {
+    async fn clock(&self) -> StoreResult<crate::Millis> {
+        self.inner.clock().await
+    }
+
     async fn put_schedule(&self, schedule: &Schedule) -> StoreResult<bool> {
         self.inner.put_schedule(schedule).await
     }
+
     async fn schedule(&self, tenant: &str, name: &str) -> StoreResult<Option<Schedule>> {
         self.inner.schedule(tenant, name).await
     }
+
     async fn schedules(&self, tenant: Option<&str>) -> StoreResult<Vec<Schedule>> {
         self.inner.schedules(tenant).await
     }
+
     async fn pause_schedule(&self, tenant: &str, name: &str, paused: bool) -> StoreResult<bool> {
         self.inner.pause_schedule(tenant, name, paused).await
     }
+
     async fn delete_schedule(&self, tenant: &str, name: &str) -> StoreResult<bool> {
         self.inner.delete_schedule(tenant, name).await
     }
+
     async fn due_schedules(&self, limit: usize) -> StoreResult<DueSchedules> {
         self.inner.due_schedules(limit).await
     }
+
     async fn fire_schedule(&self, firing: &ScheduleFiring) -> StoreResult<Option<Vec<Emitted>>> {
         self.inner.fire_schedule(firing).await
     }

@@ -28,8 +28,8 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::backend::Store;
 use crate::model::EventId;
-use crate::store::Store;
 
 /// A fresh store for one test, and whatever must live as long as it
 /// (a temporary directory, a schema to drop).
@@ -164,7 +164,7 @@ impl Ledger {
 pub async fn stored(store: &dyn Store) -> u64 {
     store
         // Exact however many (tests count to the event), from the index only.
-        .counts(&crate::store::CountsQuery::totals())
+        .counts(&crate::backend::CountsQuery::totals())
         .await
         .expect("counts")
         .iter()
@@ -402,8 +402,8 @@ macro_rules! queue_suite {
 pub fn leases(
     ids: &[crate::model::EventId],
     token: crate::model::LeaseToken,
-) -> Vec<crate::store::LeaseRef> {
+) -> Vec<crate::backend::LeaseRef> {
     ids.iter()
-        .map(|&id| crate::store::LeaseRef { id, token })
+        .map(|&id| crate::backend::LeaseRef { id, token })
         .collect()
 }

@@ -6,9 +6,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::backend::{Finish, Settle, Store};
 use crate::decision::{self, Policy, Verdict};
 use crate::model::{EventId, EventState, LeaseToken, Millis, NewEvent, Rule, RuleKind, RunAt};
-use crate::store::{Finish, Settle, Store};
 
 use super::store::{LEASE, PAST_SHORT, SHORT};
 

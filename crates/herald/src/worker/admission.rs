@@ -10,11 +10,11 @@ use super::message::{Answers, Message};
 use super::settle::Ended;
 use super::telemetry::RunEvent;
 use super::{run, WorkerState};
-use crate::decision::{self, Answer, Plan, Tally, Write};
+use crate::backend::{LeaseRef, Settle};
+use crate::decision::{self, Answer, Plan, Tally};
 use crate::escape::escaped;
 use crate::model::{EventId, LeaseToken, Notification};
 use crate::queue::{Delivery, DeliveryTag};
-use crate::store::{LeaseRef, Settle, StoreResult};
 
 /// Takes batches of notifications while claims are free, until told to stop.
 ///
@@ -208,7 +208,7 @@ async fn admit_batch(
     // runs after it is sent.
     let sent = std::time::Instant::now();
     let claimed = match shared
-        .store
+        .events
         .claim(
             &leases,
             &shared.handler_names,
@@ -258,7 +258,7 @@ async fn admit_batch(
     }
     drop(claims);
     let ids: Vec<EventId> = rest.iter().map(|(id, _)| *id).collect();
-    let seen = match shared.store.inspect(&ids).await {
+    let seen = match shared.events.inspect(&ids).await {
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(error = %escaped(&e), "inspect failed; notifications go back to the queue");
@@ -287,13 +287,13 @@ async fn admit_batch(
     }
     if !writes.is_empty() {
         let settles: Vec<Settle> = writes.iter().map(|(w, ..)| w.settle.clone()).collect();
-        let held = shared.store.settle(&settles).await;
+        let held = shared.events.settle(&settles).await;
         if let Err(e) = &held {
             tracing::warn!(error = %escaped(&e), "cannot move exhausted events to dead");
             shared.record(RunEvent::StoreFailed);
         }
         for (i, (write, id, message, instruments)) in writes.into_iter().enumerate() {
-            let answer = written(&write, &held, i);
+            let answer = write.answer(&held, i);
             if answer.tally == Tally::Buried {
                 tracing::warn!(event = %write.settle.id, "no attempts left after its worker died: moved to dead");
             }
@@ -309,14 +309,4 @@ async fn requeue_all(shared: &WorkerState, notes: Vec<(EventId, Arc<Message>)>, 
         answers.add(shared, &message, id, answer, None);
     }
     answers.send(shared).await;
-}
-
-/// The answer of the `i`th of a batch of writes, as the store's `held`
-/// (one flag per write) says it turned out.
-pub(super) fn written(write: &Write, held: &StoreResult<Vec<bool>>, i: usize) -> Answer {
-    match held {
-        Ok(held) if held.get(i) == Some(&true) => write.held,
-        Ok(_) => write.refused,
-        Err(_) => write.failed,
-    }
 }

@@ -14,10 +14,10 @@ use super::settle::Ended;
 use super::telemetry::Instruments;
 use super::{admission, heartbeat, reconcile, schedule, settle, WorkerState};
 use super::{RunSettled, StatsSnapshot, WorkerConfig, WorkerConfigError, WorkerStats};
+use crate::backend::Store;
 use crate::handler::{FnHandler, Handler, IntoOutcome, JobHandler};
 use crate::queue::Queue;
 use crate::retry::RetryPolicy;
-use crate::store::Store;
 use crate::{Context, Job};
 
 /// Told about every run of a worker as it starts and as its end is written,
@@ -168,8 +168,12 @@ impl WorkerBuilder {
             .map(|n| (n.clone(), Arc::new(Instruments::new(n))))
             .collect();
         let (settle_tx, settle_rx) = mpsc::unbounded_channel();
+        let store = self.store;
         let shared = Arc::new(WorkerState {
-            store: self.store,
+            events: store.clone(),
+            election: store.clone(),
+            reconciliation: store.clone(),
+            schedules: store,
             queue: self.queue,
             handlers: self.handlers,
             handler_names: names,

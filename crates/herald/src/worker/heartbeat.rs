@@ -11,8 +11,8 @@ use tokio::time::MissedTickBehavior;
 
 use super::telemetry::RunEvent;
 use super::{RunEntry, WorkerState};
+use crate::backend::LeaseRef;
 use crate::escape::escaped;
-use crate::store::LeaseRef;
 
 /// Every `lease / 3`: renew all leases in one call, extend their
 /// notifications' deadlines, and cancel the runs whose lease is gone. The
@@ -80,7 +80,7 @@ async fn beat(shared: &Arc<WorkerState>) {
     let lease = shared.config.lease;
     // The store's new expiry is at least this plus the lease.
     let sent = Instant::now();
-    let renewed = match tokio::time::timeout(lease / 3, shared.store.renew(&held, lease)).await {
+    let renewed = match tokio::time::timeout(lease / 3, shared.events.renew(&held, lease)).await {
         Ok(Ok(renewed)) => renewed,
         Ok(Err(e)) => {
             shared.record(RunEvent::StoreFailed);

@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use super::telemetry::{Instruments, RunEvent};
 use super::WorkerState;
+use crate::backend::Scheduled;
 use crate::decision::{self, Answer, Close, Reply};
 use crate::escape::escaped;
 use crate::model::{EventId, Notification};
 use crate::queue::{DeliveryTag, Publish};
-use crate::store::Scheduled;
 
 /// One delivery of a notification, shared by the runs of its events.
 #[derive(Debug)]

@@ -42,9 +42,9 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::backend::{EventStore, LeaderElection, LeaseRef, Reconciliation, Schedules};
 use crate::handler::Handler;
 use crate::queue::Queue;
-use crate::store::{LeaseRef, Store};
 
 pub use crate::decision::RunSettled;
 pub use api::{RunObserver, ShutdownHandle, ShutdownReport, Worker, WorkerBuilder};
@@ -73,7 +73,14 @@ pub(crate) struct RunEntry {
 
 /// State shared by a worker's tasks.
 pub(crate) struct WorkerState {
-    store: Arc<dyn Store>,
+    /// The hot path: claim and inspect (admission), settle, renew (heartbeat).
+    events: Arc<dyn EventStore>,
+    /// The reconciler's and the scheduler's leader leases.
+    election: Arc<dyn LeaderElection>,
+    /// The elected reconciler's passes.
+    reconciliation: Arc<dyn Reconciliation>,
+    /// The elected scheduler's reads and firings.
+    schedules: Arc<dyn Schedules>,
     queue: Arc<dyn Queue>,
     handlers: HashMap<String, Arc<dyn Handler>>,
     handler_names: Vec<String>,

@@ -46,7 +46,7 @@ pub(super) async fn reconcile_loop(shared: Arc<WorkerState>) {
         // an expired lease is found within `every` of its expiry plus at
         // most one pass.
         let began = tokio::time::Instant::now();
-        let wait = match shared.store.lead(ROLE, &cfg.name, lead_for).await {
+        let wait = match shared.election.lead(ROLE, &cfg.name, lead_for).await {
             Ok(l) => {
                 if l.leading != leading {
                     tracing::info!(worker = %cfg.name, leading = l.leading, "reconciler leadership changed");
@@ -64,7 +64,7 @@ pub(super) async fn reconcile_loop(shared: Arc<WorkerState>) {
                         shared.record(RunEvent::Swept);
                     }
                     purge(&shared).await;
-                    if let Err(e) = shared.store.upkeep().await {
+                    if let Err(e) = shared.reconciliation.upkeep().await {
                         shared.record(RunEvent::StoreFailed);
                         tracing::warn!(error = %escaped(&e), "store upkeep failed");
                     }
@@ -91,7 +91,7 @@ pub(super) async fn reconcile_loop(shared: Arc<WorkerState>) {
         }
     }
     if leading {
-        if let Err(e) = shared.store.resign(ROLE, &cfg.name).await {
+        if let Err(e) = shared.election.resign(ROLE, &cfg.name).await {
             tracing::warn!(error = %escaped(&e), "cannot resign the reconciler lease");
         }
     }
@@ -104,7 +104,7 @@ async fn sweep(shared: &WorkerState, quiet: Duration) -> bool {
         if shared.stop_background.is_cancelled() {
             return false;
         }
-        let page = match shared.store.sweep(quiet, pass, PAGE).await {
+        let page = match shared.reconciliation.sweep(quiet, pass, PAGE).await {
             Ok(p) => p,
             Err(e) => {
                 shared.record(RunEvent::StoreFailed);
@@ -139,7 +139,7 @@ async fn purge(shared: &WorkerState) {
     let dead = shared.config.dead_retention;
     let done = shared.config.done_retention.unwrap_or(Duration::ZERO);
     loop {
-        match shared.store.purge(dead, done, PAGE).await {
+        match shared.reconciliation.purge(dead, done, PAGE).await {
             Ok(n) if (n as usize) < PAGE => return,
             Ok(_) => continue,
             Err(e) => {

@@ -13,11 +13,11 @@ use super::message::Message;
 use super::settle::Ended;
 use super::telemetry::RunEvent;
 use super::{RunEntry, WorkerState};
+use crate::backend::LeaseRef;
 use crate::decision::{Claimed, RunEnd};
 use crate::escape::escaped;
 use crate::handler::{Context, Handler, Outcome};
 use crate::model::{Event, LeaseToken, Millis};
-use crate::store::LeaseRef;
 
 /// Registers the lease with the heartbeat and spawns the run: it waits for a
 /// handler slot (an event claimed ahead waits here, its lease renewed), then

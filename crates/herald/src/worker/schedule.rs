@@ -2,25 +2,25 @@
 //! due occurrences of every schedule, once each (docs/schedules.md).
 //!
 //! Each tick is one query for the due schedules (judged by the store's
-//! clock), then per due schedule one [`Store::fire_schedule`]: the cursor's
+//! clock), then per due schedule one [`Schedules::fire_schedule`]: the cursor's
 //! compare-and-set and the occurrences' events in one transaction. Two
 //! leaders for a moment (a lease that lapsed under a stalled leader) both
 //! fire; one compare-and-set wins. The new events are then published like
 //! an emit's; a lost publish is the reconciler's to repair, as for any
 //! event.
 //!
-//! [`Store::fire_schedule`]: crate::Store::fire_schedule
+//! [`Schedules::fire_schedule`]: crate::backend::Schedules::fire_schedule
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::telemetry::RunEvent;
 use super::WorkerState;
+use crate::backend::Scheduled;
 use crate::escape::escaped;
 use crate::model::Emitted;
 use crate::queue::Publish;
 use crate::schedule::{fire, ScheduleFiring};
-use crate::store::Scheduled;
 
 /// The leader row's name.
 const ROLE: &str = "scheduler";
@@ -44,7 +44,7 @@ pub(super) async fn schedule_loop(shared: Arc<WorkerState>) {
             tick(&shared).await;
             every
         } else {
-            match shared.store.lead(ROLE, &cfg.name, lead_for).await {
+            match shared.election.lead(ROLE, &cfg.name, lead_for).await {
                 Ok(l) => {
                     if l.leading != leading {
                         tracing::info!(worker = %cfg.name, leading = l.leading, "scheduler leadership changed");
@@ -78,7 +78,7 @@ pub(super) async fn schedule_loop(shared: Arc<WorkerState>) {
         }
     }
     if leading {
-        if let Err(e) = shared.store.resign(ROLE, &cfg.name).await {
+        if let Err(e) = shared.election.resign(ROLE, &cfg.name).await {
             tracing::warn!(error = %escaped(&e), "cannot resign the scheduler lease");
         }
     }
@@ -91,7 +91,7 @@ async fn tick(shared: &WorkerState) {
         if shared.stop_background.is_cancelled() {
             return;
         }
-        let due = match shared.store.due_schedules(PAGE).await {
+        let due = match shared.schedules.due_schedules(PAGE).await {
             Ok(d) => d,
             Err(e) => {
                 shared.record(RunEvent::StoreFailed);
@@ -118,7 +118,7 @@ async fn tick(shared: &WorkerState) {
                     .map(|&t| s.occurrence_event(t))
                     .collect(),
             };
-            match shared.store.fire_schedule(&firing).await {
+            match shared.schedules.fire_schedule(&firing).await {
                 Ok(Some(emitted)) => {
                     progressed = true;
                     if f.dropped_missed {

@@ -5,13 +5,12 @@ use std::sync::{Arc, PoisonError};
 
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
-use super::admission::written;
 use super::message::{Answers, Message};
 use super::telemetry::{Instruments, RunEvent};
 use super::WorkerState;
+use crate::backend::{Finish, LeaseRef, Settle};
 use crate::decision::{self, Answer, Claimed, Plan, RunEnd, RunSettled, Tally, Write};
 use crate::escape::escaped;
-use crate::store::{Finish, LeaseRef, Settle};
 
 /// A run that ended and waits to be settled.
 pub(crate) struct Ended {
@@ -161,13 +160,13 @@ async fn settle_batch(shared: &WorkerState, batch: Vec<Ended>) {
     }
     if !writes.is_empty() {
         let settles: Vec<Settle> = writes.iter().map(|(_, w)| w.settle.clone()).collect();
-        let held = shared.store.settle(&settles).await;
+        let held = shared.events.settle(&settles).await;
         if let Err(err) = &held {
             shared.record(RunEvent::StoreFailed);
             tracing::warn!(error = %escaped(&err), runs = settles.len(), "cannot settle runs; notifications go back to the queue");
         }
         for (i, (e, write)) in writes.iter().enumerate() {
-            let answer = written(write, &held, i);
+            let answer = write.answer(&held, i);
             match answer.tally {
                 Tally::Settled(_) => log_failure(e, write),
                 Tally::FencedOut => {

@@ -5,7 +5,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
-use herald::store::EventFilter;
+use herald::backend::EventFilter;
 use herald::{Event, EventId, EventState, Millis};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -179,7 +179,7 @@ pub(super) async fn show_event(
 ) -> Result<Json<EventView>, ApiError> {
     let id = event_id(&id)?;
     let mut view: EventView = visible_event(&s, &caller, id).await?.into();
-    let history = s.client.store().history(id).await?;
+    let history = s.client.history(id).await?;
     view.errors = Some(
         history
             .into_iter()

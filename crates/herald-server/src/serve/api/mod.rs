@@ -10,6 +10,7 @@ use axum::handler::Handler;
 use axum::http::{Method, StatusCode, Uri};
 use axum::routing::{self, MethodRouter};
 use axum::Router;
+use herald::backend::Schedules;
 use herald::Client;
 use metrics_exporter_prometheus::PrometheusHandle;
 
@@ -49,6 +50,8 @@ const MAX_LIMIT: usize = 1000;
 pub struct AppState {
     /// Emits and runs the operator's verbs.
     pub client: Client,
+    /// The schedules' definitions, for the schedule endpoints.
+    pub schedules: Arc<dyn Schedules>,
     /// Who may call.
     pub tokens: Tokens,
     /// Recent activity, fed by the worker.

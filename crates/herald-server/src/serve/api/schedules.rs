@@ -143,7 +143,7 @@ async fn store_def(
     def: ScheduleDef,
     must_be_new: bool,
 ) -> Result<Response, ApiError> {
-    let store = s.client.store();
+    let store = s.schedules.as_ref();
     // Checked before the store is read, so that a bad definition is a 400
     // whatever the store does; then built again from the store's clock,
     // which judges its occurrences: the first is the first after the
@@ -219,7 +219,7 @@ pub(super) async fn show_schedule(
 ) -> Result<Json<ScheduleView>, ApiError> {
     names(&tenant, &name)?;
     caller.may_act_for(&tenant)?;
-    let found = s.client.store().schedule(&tenant, &name).await?;
+    let found = s.schedules.schedule(&tenant, &name).await?;
     found
         .map(|sch| Json(ScheduleView::of(&sch)))
         .ok_or_else(|| no_schedule(&tenant, &name))
@@ -232,7 +232,7 @@ pub(super) async fn delete_schedule(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     names(&tenant, &name)?;
     caller.may_act_for(&tenant)?;
-    if !s.client.store().delete_schedule(&tenant, &name).await? {
+    if !s.schedules.delete_schedule(&tenant, &name).await? {
         return Err(no_schedule(&tenant, &name));
     }
     Ok(Json(serde_json::json!({ "deleted": true })))
@@ -247,7 +247,7 @@ async fn set_paused(
 ) -> Result<Json<ScheduleView>, ApiError> {
     names(tenant, name)?;
     caller.may_act_for(tenant)?;
-    let store = s.client.store();
+    let store = s.schedules.as_ref();
     if !store.pause_schedule(tenant, name, paused).await? {
         return Err(no_schedule(tenant, name));
     }
@@ -280,7 +280,7 @@ pub(super) async fn tenant_schedules(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     herald::client::check_name("tenant", &tenant)?;
     caller.may_act_for(&tenant)?;
-    let all = s.client.store().schedules(Some(&tenant)).await?;
+    let all = s.schedules.schedules(Some(&tenant)).await?;
     let views: Vec<ScheduleView> = all.iter().map(ScheduleView::of).collect();
     Ok(Json(serde_json::json!({ "schedules": views })))
 }
@@ -289,7 +289,7 @@ pub(super) async fn all_schedules(
     State(s): ApiState,
     caller: Caller,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let all = s.client.store().schedules(caller.tenant()).await?;
+    let all = s.schedules.schedules(caller.tenant()).await?;
     let views: Vec<ScheduleView> = all.iter().map(ScheduleView::of).collect();
     Ok(Json(serde_json::json!({ "schedules": views })))
 }

@@ -6,23 +6,13 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use herald::{EventState, RuleMatch};
+use herald::RuleMatch;
 use serde::{Deserialize, Serialize};
 
 use super::{ApiState, OPENAPI};
 use crate::serve::auth::Caller;
 use crate::serve::error::{ApiError, QueryParams};
 use crate::serve::recent::RecentStats;
-
-#[derive(Serialize)]
-pub(super) struct CountView {
-    tenant: String,
-    handler: String,
-    state: EventState,
-    count: u64,
-    paused: bool,
-    blocked: bool,
-}
 
 /// One `(tenant, handler)`: what its events are doing now.
 #[derive(Serialize)]
@@ -35,9 +25,6 @@ pub(super) struct HandlerCountView {
 
 #[derive(Serialize)]
 pub(super) struct StatsView {
-    /// Per (tenant, handler, state), as before `by_handler`: kept for
-    /// compatibility (derived from it; exact).
-    counts: Vec<CountView>,
     /// Per (tenant, handler): waiting, running, delayed, held, dead, done.
     by_handler: Vec<HandlerCountView>,
     /// Server-wide activity: the operator's only.
@@ -81,29 +68,12 @@ pub(super) async fn stats(
         ..herald::CountsQuery::all()
     };
     let rows = s.client.handler_counts(&query).await?;
-    let mut counts = Vec::new();
     let mut by_handler = Vec::with_capacity(rows.len());
     for c in rows {
         let m = held
             .get(&(c.tenant.clone(), c.handler.clone()))
             .copied()
             .unwrap_or_default();
-        for (state, count) in [
-            (EventState::Pending, c.pending()),
-            (EventState::Dead, c.dead),
-            (EventState::Done, c.done),
-        ] {
-            if count > 0 {
-                counts.push(CountView {
-                    tenant: c.tenant.clone(),
-                    handler: c.handler.clone(),
-                    state,
-                    count,
-                    paused: m.paused,
-                    blocked: m.blocked,
-                });
-            }
-        }
         by_handler.push(HandlerCountView {
             counts: c,
             paused: m.paused,
@@ -112,7 +82,6 @@ pub(super) async fn stats(
     }
     let operator = caller.tenant().is_none();
     Ok(Json(StatsView {
-        counts,
         by_handler,
         recent: operator.then(|| s.tracker.snapshot()),
         handlers: operator.then(|| s.handlers.clone()),

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Rig, SOON};
+use crate::backend::Store;
 use crate::client::EmitOptions;
 use crate::handler::Context;
-use crate::store::Store;
 use crate::testkit::eventually;
 use crate::worker::{Worker, MIN_LEASE};
 

@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Rig, QUIET, SOON};
+use crate::backend::Store;
 use crate::client::EmitOptions;
 use crate::handler::{Context, HandlerError};
 use crate::model::EventId;
-use crate::store::Store;
 
 /// A handler that panics every time uses up its attempts and goes dead.
 pub async fn crash_looping_handler_ends_dead(store: Arc<dyn Store>) {

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Rig, H, QUIET, SOON, T};
+use crate::backend::Store;
 use crate::client::{Client, ClientError, EmitOptions, EmitRequest};
 use crate::model::{EventId, EventState, Notification};
-use crate::store::Store;
 use crate::testkit::eventually;
 use crate::testkit::faults::Faulty;
 
@@ -58,10 +58,14 @@ pub async fn unknown_handler_is_stored_and_kept(store: Arc<dyn Store>) {
     }
     let e = rig.store.get(id).await.unwrap().expect("kept");
     assert_eq!((e.state, e.attempt), (EventState::Pending, 0));
-    let counts = rig.client.counts().await.unwrap();
+    let counts = rig
+        .client
+        .handler_counts(&crate::CountsQuery::totals())
+        .await
+        .unwrap();
     assert!(counts
         .iter()
-        .any(|c| c.handler == "not_deployed_yet" && c.count == 1));
+        .any(|c| c.handler == "not_deployed_yet" && c.total() == 1));
     w.shutdown(SOON).await;
 }
 
@@ -158,9 +162,9 @@ pub async fn idempotency_key_runs_once(store: Arc<dyn Store>) {
         std::time::Duration::from_millis(5),
     );
     tokio::time::sleep(tick).await;
-    rig.client.store().purge_keys(window, 100).await.unwrap();
+    rig.store.purge_keys(window, 100).await.unwrap();
     tokio::time::sleep(tick).await;
-    rig.client.store().purge_keys(window, 100).await.unwrap();
+    rig.store.purge_keys(window, 100).await.unwrap();
     let d = rig.client.emit_json(T, H, "{}", opts).await.unwrap();
     assert!(matches!(d, crate::Emitted::Created(_)));
     rig.runs_once(d.id()).await;

@@ -8,10 +8,10 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use super::{Rig, H, QUIET, SOON, T};
+use crate::backend::Store;
 use crate::client::EmitOptions;
 use crate::handler::{Context, HandlerError};
 use crate::model::{LeaseToken, Millis};
-use crate::store::Store;
 use crate::testkit::eventually;
 use crate::testkit::faults::Faulty;
 

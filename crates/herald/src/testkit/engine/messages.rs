@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{new_event, Rig, H, QUIET, SOON, T};
+use crate::backend::{Finish, Settle, Store};
 use crate::handler::Context;
 use crate::model::{EventId, EventState, LeaseToken, Notification, RunAt};
 use crate::queue::Publish;
-use crate::store::{Finish, Settle, Store};
 use crate::testkit::eventually;
 use crate::worker::Worker;
 

@@ -41,6 +41,7 @@ use std::time::Duration;
 
 use super::queue::{QueueBackdoor, TestQueue};
 use super::{eventually, stored, Ledger};
+use crate::backend::{Finish, Settle, Store};
 use crate::client::{Client, EmitOptions};
 use crate::decision::Policy;
 use crate::handler::Context;
@@ -48,7 +49,6 @@ use crate::memory_queue::MemoryQueue;
 use crate::model::{EventId, EventState, LeaseToken, NewEvent};
 use crate::queue::Queue;
 use crate::retry::RetryPolicy;
-use crate::store::{Finish, Settle, Store};
 use crate::worker::{Worker, WorkerBuilder, WorkerConfig};
 
 const T: &str = "acme";
@@ -81,7 +81,7 @@ fn config() -> WorkerConfig {
 }
 
 /// An event of tenant `T` for `handler`, due now, to store without a
-/// notification (`Store::emit`).
+/// notification (`EventStore::emit`).
 fn new_event(handler: &str) -> NewEvent {
     NewEvent {
         id: EventId::new(),

@@ -4,10 +4,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{new_event, Rig, H, SOON, T};
+use crate::backend::Store;
 use crate::client::{EmitOptions, EmitRequest};
 use crate::handler::Context;
 use crate::model::{Millis, NewEvent, RunAt};
-use crate::store::Store;
 use crate::testkit::eventually;
 
 /// An event stored without a notification (a crash between insert and

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::{Rig, H, QUIET, SOON, T};
-use crate::store::Store;
+use crate::backend::Store;
 use crate::testkit::{eventually, stored};
 use crate::worker::Worker;
 

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Rig, H, SOON, T};
+use crate::backend::Store;
 use crate::client::{EmitOptions, EmitRequest};
-use crate::store::Store;
 use crate::testkit::eventually;
 use crate::testkit::faults::Faulty;
 use crate::worker::MIN_LEASE;

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{config, Rig, H, SOON, T};
+use crate::backend::{EventFilter, Store};
 use crate::model::{EventState, Millis};
 use crate::schedule::{ScheduleDef, ScheduleSource};
-use crate::store::{EventFilter, Store};
 use crate::testkit::eventually;
 use crate::worker::WorkerConfig;
 

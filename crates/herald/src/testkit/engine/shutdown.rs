@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Rig, SOON};
+use crate::backend::Store;
 use crate::client::EmitOptions;
 use crate::handler::Context;
-use crate::store::Store;
 use crate::testkit::eventually;
 
 /// Handlers that finish within the grace period finish; nothing is cancelled.

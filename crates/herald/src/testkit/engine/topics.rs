@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use super::{Rig, H, SOON, T};
+use crate::backend::Store;
 use crate::client::EmitOptions;
 use crate::handler::Context;
 use crate::model::{EventId, Subscription};
-use crate::store::Store;
 use crate::testkit::eventually;
 
 /// Two handlers subscribed to a topic; one is paused: its copy is held,

@@ -8,8 +8,8 @@ use super::{
     block, bury, claim_one, emit_one, from_now, get, handlers, new_event, pause, settle_one,
     store_now, tenants, LEASE, PAST_SHORT, SHORT,
 };
+use crate::backend::{Finish, LeaseRef, Store};
 use crate::model::{EventId, EventState, LeaseToken};
-use crate::store::{Finish, LeaseRef, Store};
 
 /// LockClaim, won: the claim writes the token and `now + lease`, increments
 /// `attempt`, and returns the event as updated (as `get` then reads it).

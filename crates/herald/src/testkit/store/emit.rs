@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{claim_one, emit_one, get, new_event, settle_one, store_now, tick, LEASE};
+use crate::backend::{Finish, Store, StoreError};
 use crate::model::{Emitted, EventId, EventState, Millis, NewEvent, RunAt};
-use crate::store::{Finish, Store, StoreError};
 use crate::testkit::stored;
 
 /// Emit stores every field as given (the payload byte for byte, an exact
@@ -118,7 +118,7 @@ pub async fn emitting_the_same_id_twice_reports_existing(store: Arc<dyn Store>) 
 /// One event per `(tenant, handler, key)`: existing within a batch, in a
 /// later batch and while running; independent per tenant and handler;
 /// still named by its key once it went dead, was deleted or is done, until
-/// [`Store::purge_keys`] removes the key (ADR 0013); and revive refuses to
+/// [`Reconciliation::purge_keys`] removes the key (ADR 0013); and revive refuses to
 /// make a second live event with the key.
 pub async fn idempotency_key_names_one_event_until_purged(store: Arc<dyn Store>) {
     let store = store.as_ref();

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{LEASE, SHORT};
-use crate::store::{Leadership, Store};
+use crate::backend::{Leadership, Store};
 
 /// Leader election: one holder per role at a time; the holder renews (and a
 /// holder of the same name takes its own row at once, as a restarted

@@ -3,8 +3,8 @@
 //! `herald::store_suite!(fresh_store)`.
 //!
 //! Times the store writes are bracketed by the store's own clock, read as
-//! [`Inspection::now`](crate::store::Inspection::now) of an empty
-//! [`Store::inspect`]. Events are made due or old with `NewEvent::run_at` in
+//! [`Inspection::now`](crate::backend::Inspection::now) of an empty
+//! [`EventStore::inspect`]. Events are made due or old with `NewEvent::run_at` in
 //! the past, leases made to lapse by claiming with [`SHORT`] and sleeping
 //! [`PAST_SHORT`].
 //!
@@ -12,7 +12,7 @@
 //! and ADR 0005 describe: an expired lease stays its holder's until someone
 //! else claims the event; renewals and sweep stamps leave `updated_at`
 //! alone; a sweep returns dead workers' events before the others; revive is
-//! refused with [`StoreError::Invalid`](crate::store::StoreError::Invalid)
+//! refused with [`StoreError::Invalid`](crate::backend::StoreError::Invalid)
 //! when a live event has the same idempotency key; the payload is kept byte
 //! for byte; `rules()` is ordered by tenant, handler and kind name,
 //! `counts()` by tenant, handler and state (pending, dead, done).
@@ -44,8 +44,8 @@ pub use super::parity::claim_takes_exactly_what_admit_would_claim;
 
 use std::time::Duration;
 
+use crate::backend::{Finish, Scheduled, Settle, Store};
 use crate::model::{Emitted, Event, EventId, LeaseToken, Millis, NewEvent, Rule, RuleKind, RunAt};
-use crate::store::{Finish, Scheduled, Settle, Store};
 
 /// A lease that outlives any scenario.
 pub const LEASE: Duration = Duration::from_secs(60);

@@ -7,8 +7,8 @@ use super::{
     block, bury, claim_one, emit_all, emit_one, from_now, get, new_event, pause, settle_one,
     store_now,
 };
+use crate::backend::{CountsQuery, EventFilter, Finish, HandlerCounts, Store};
 use crate::model::{EventId, EventState, NewEvent, RuleMatch};
-use crate::store::{CountsQuery, EventFilter, Finish, HandlerCounts, Store};
 
 /// Inspect loads the events that exist (as `get` reads them) with the rules
 /// that match each, omits missing ids, and reports the store's clock.

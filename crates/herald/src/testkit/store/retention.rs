@@ -7,8 +7,8 @@ use super::{
     bury, claim_one, emit_one, get, new_event, old_event, settle_one, store_now, tick, LEASE,
     PAST_SHORT, SHORT,
 };
+use crate::backend::{Finish, Store};
 use crate::model::{Emitted, EventId, EventState, NewEvent};
-use crate::store::{Finish, Store};
 use crate::testkit::stored;
 
 /// Purge deletes dead events that died more than `dead_retention` ago and
@@ -177,7 +177,7 @@ pub async fn purge_keys_goes_oldest_first_up_to_the_limit_and_keeps_live_events_
 }
 
 /// The purge of dead and done events does not touch idempotency keys: a
-/// key outlives its event's purge, until [`Store::purge_keys`].
+/// key outlives its event's purge, until [`Reconciliation::purge_keys`].
 pub async fn purge_leaves_idempotency_keys_alone(store: Arc<dyn Store>) {
     let store = store.as_ref();
     let keyed = || NewEvent {

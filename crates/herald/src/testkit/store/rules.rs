@@ -7,8 +7,8 @@ use std::time::Duration;
 use super::{
     block, bury, emit_all, emit_one, from_now, old_event, pause, settle_one, sweep_once, QUIET,
 };
+use crate::backend::{Finish, Store};
 use crate::model::{EventId, NewEvent, RuleMatch};
-use crate::store::{Finish, Store};
 
 /// Rules are added and removed once each, matched per `(tenant, handler)`,
 /// and listed by tenant, handler and kind name.

@@ -5,11 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::store_now;
+use crate::backend::{EventFilter, Store};
 use crate::model::{EventState, Millis, RunAt};
 use crate::schedule::{
     fire, Missed, Schedule, ScheduleDef, ScheduleFiring, ScheduleSource, DEFAULT_GRACE,
 };
-use crate::store::{EventFilter, Store};
 
 /// An every-10-s schedule of `(tenant, name)` with its cursor at `next_at`.
 fn every_10s(tenant: &str, name: &str, next_at: Millis) -> Schedule {

@@ -8,8 +8,8 @@ use super::{
     bury, claim_one, emit_all, emit_one, every_finish, get, handlers, new_event, old_event,
     release, settle_one, store_now, sweep_once, tenants, LEASE, PAST_SHORT, QUIET, SHORT,
 };
+use crate::backend::{Finish, LeaseRef, Settle, Store};
 use crate::model::{EventId, EventState, LeaseToken};
-use crate::store::{Finish, LeaseRef, Settle, Store};
 
 /// Settle reports per item, in order: Delete removes the event, Archive
 /// keeps it `done`, Bury moves it to `dead` with the error; an unknown id

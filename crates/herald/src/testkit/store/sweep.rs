@@ -8,8 +8,8 @@ use super::{
     block, claim_one, emit_all, emit_one, from_now, get, ids_of, new_event, old_event, pause,
     sweep_once, sweep_pass, LEASE, PAST_SHORT, QUIET, SHORT,
 };
+use crate::backend::Store;
 use crate::model::{EventId, NewEvent};
-use crate::store::Store;
 
 /// Sweeps with a quiet period through 2,500 due events in pages of 1,000,
 /// each page a new pass (the next scenario pages with the pass cursor):

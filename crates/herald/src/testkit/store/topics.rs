@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
+use crate::backend::{Store, SubscriptionSync};
 use crate::client::{Client, ClientError, EmitOptions};
 use crate::memory_queue::MemoryQueue;
 use crate::model::{Emitted, Subscription};
-use crate::store::{Store, SubscriptionSync};
 
 fn every(topic: &str, handler: &str) -> Subscription {
     Subscription::every_tenant(topic, handler)

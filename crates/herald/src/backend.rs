@@ -1,11 +1,28 @@
-//! The `Store` trait: where events live. Every hot-path method takes and
-//! returns a batch, so that a backend can group-commit: one statement (or
-//! one transaction) per batch, not per event. Operator methods (rules,
-//! revive, delete, list) take one item.
+//! The backend interface: what a store implements. A store is where events
+//! live, the only source of truth. Its interface is split by role, each
+//! trait what one part of the runtime calls:
 //!
-//! Hot-path methods ([`Store::claim`], [`Store::settle`], [`Store::renew`],
-//! [`Store::inspect`]) touch events by primary key only. Lease expiry and
-//! `run_at` are judged by the store's own clock.
+//! - [`EventStore`]: the hot path (emit, claim, settle, renew, inspect,
+//!   clock): the worker and the client's emits;
+//! - [`Rules`]: pause and block, and the re-notification when one is lifted;
+//! - [`Topics`]: topic subscriptions;
+//! - [`Reconciliation`]: the elected reconciler's sweep, purges and upkeep;
+//! - [`LeaderElection`]: the reconciler's and the scheduler's leader leases;
+//! - [`Operator`]: the operator's reads and writes of single events;
+//! - [`Schedules`]: schedule definitions and the scheduler's firing.
+//!
+//! A backend implements all seven and gets the umbrella [`Store`] from a
+//! blanket implementation; the conformance tests in `herald::testkit`
+//! (feature `testkit`) check it. Every hot-path method takes and returns a
+//! batch, so that a backend can group-commit: one statement (or one
+//! transaction) per batch, not per event. Operator methods (rules, revive,
+//! delete, list) take one item.
+//!
+//! Hot-path methods ([`EventStore::claim`], [`EventStore::settle`],
+//! [`EventStore::renew`], [`EventStore::inspect`]) touch events by primary
+//! key only. Lease expiry and `run_at` are judged by the store's own clock.
+
+pub mod sweep;
 
 use std::time::Duration;
 
@@ -17,7 +34,7 @@ use crate::model::{
 };
 use crate::schedule::{DueSchedules, Schedule, ScheduleFiring};
 
-/// What [`Store::lead`] found.
+/// What [`LeaderElection::lead`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Leadership {
     /// Whether the caller holds the leader lease now.
@@ -125,7 +142,7 @@ pub struct Inspected {
     pub rules: RuleMatch,
 }
 
-/// The result of [`Store::inspect`].
+/// The result of [`EventStore::inspect`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct Inspection {
     /// The events that exist, in no particular order; missing ids are absent.
@@ -232,20 +249,7 @@ pub struct EventFilter {
     pub after: Option<EventId>,
 }
 
-/// Stored events counted by tenant, handler and state.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Count {
-    /// Tenant.
-    pub tenant: String,
-    /// Handler.
-    pub handler: String,
-    /// State.
-    pub state: EventState,
-    /// How many events.
-    pub count: u64,
-}
-
-/// Which counts [`Store::counts`] returns.
+/// Which counts [`Operator::counts`] returns.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CountsQuery {
     /// Only this tenant.
@@ -451,7 +455,7 @@ impl HandlerCounts {
     }
 }
 
-/// What [`Store::sync_subscriptions`] changed.
+/// What [`Topics::sync_subscriptions`] changed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SubscriptionSync {
     /// Subscriptions added (or taken over from the API).
@@ -463,47 +467,35 @@ pub struct SubscriptionSync {
 /// How long an idempotency key keeps naming its event by default, at least:
 /// a day from the emit and from the event's end, as the event platforms
 /// keep theirs (Stripe, Inngest). See
-/// [`Store::purge_keys`] and ADR 0013.
+/// [`Reconciliation::purge_keys`] and ADR 0013.
 pub const DEFAULT_IDEMPOTENCY_WINDOW: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// How many idempotency keys one [`Store::purge_keys`] call of a store's
-/// [`Store::upkeep`] handles at most, and how many calls one upkeep makes
+/// How many idempotency keys one [`Reconciliation::purge_keys`] call of a store's
+/// [`Reconciliation::upkeep`] handles at most, and how many calls one upkeep makes
 /// at most: a pass purges up to 10,000 keys, in statements that each touch
 /// at most 1,000 rows.
 pub const KEY_PURGE_PAGE: usize = 1000;
 /// See [`KEY_PURGE_PAGE`].
 pub const KEY_PURGE_PAGES: usize = 10;
 
-/// Where events are stored: the only source of truth.
+/// The hot path: what a worker's claim, settle and heartbeat and a
+/// client's emit call, per batch.
 ///
-/// Implementations must make every write that ends a run ([`Store::settle`])
-/// and every renewal conditional on the lease token, and judge expiry by their
-/// own clock.
+/// Implementations must make every write that ends a run
+/// ([`EventStore::settle`]) and every renewal conditional on the lease
+/// token, and judge expiry by their own clock.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait EventStore: Send + Sync + 'static {
     /// Stores new events. With an idempotency key, the event the key names
     /// is returned instead of a new one ([`Emitted::Existing`]): the key's
     /// stored row, written with the event that created it and kept after
-    /// that event finished until [`Store::purge_keys`] removes it, or else a
+    /// that event finished until [`Reconciliation::purge_keys`] removes it, or else a
     /// live event of the same `(tenant, handler, key)`.
     /// Each event's [`RunAt`](crate::model::RunAt) is resolved by the
     /// store's clock, in the write that stores it: `After(d)` is the
     /// store's now plus `d`. `notified_at` is set to each event's `run_at`:
     /// the caller publishes next.
     async fn emit(&self, events: &[NewEvent]) -> StoreResult<Vec<Emitted>>;
-
-    /// Handles up to `limit` idempotency keys stored more than `window`
-    /// ago, by the store's clock (the cut-off is the store's now minus
-    /// `window`, so no caller's clock moves it), oldest first. A key whose event is still live is
-    /// kept, its time reset to now, so that it names its event while it is
-    /// live and is looked at again only after another window. A key whose
-    /// event is no longer live (finished, dead or deleted) is marked gone,
-    /// its time reset, the first time; the next time (a window later) it is
-    /// deleted, so that the next emit with it creates a new event. So a key
-    /// names its event for at least the window after the emit and after the
-    /// event finished. Returns how many keys were deleted. A store's [`Store::upkeep`] calls it with its
-    /// configured window ([`DEFAULT_IDEMPOTENCY_WINDOW`] by default).
-    async fn purge_keys(&self, window: Duration, limit: usize) -> StoreResult<u64>;
 
     /// The happy path in one statement: for each of `leases`, take the
     /// lease of its event with its token for `lease` if the event is
@@ -528,14 +520,6 @@ pub trait Store: Send + Sync + 'static {
     /// Loads events and their matching rules, to learn why a claim failed.
     async fn inspect(&self, ids: &[EventId]) -> StoreResult<Inspection>;
 
-    /// The store's clock: what a caller computes a time from when the store
-    /// compares that time with its own clock (a new schedule's first
-    /// occurrence), so that the caller's wall clock plays no part. The
-    /// default reads it with an [`Store::inspect`] of no events.
-    async fn clock(&self) -> StoreResult<Millis> {
-        Ok(self.inspect(&[]).await?.now)
-    }
-
     /// Ends runs. Returns, per item in order, whether the fence held (the
     /// token still matched) and the write happened.
     async fn settle(&self, batch: &[Settle]) -> StoreResult<Vec<bool>>;
@@ -543,7 +527,12 @@ pub trait Store: Send + Sync + 'static {
     /// Extends leases to `now + lease`. Returns, per item in order, whether
     /// the lease was still held by that token.
     async fn renew(&self, leases: &[LeaseRef], lease: Duration) -> StoreResult<Vec<bool>>;
+}
 
+/// Pause and block rules, and the re-notification that lifting one
+/// pages through.
+#[async_trait]
+pub trait Rules: Send + Sync + 'static {
     /// Adds a rule; false if it already existed.
     async fn add_rule(&self, rule: &Rule) -> StoreResult<bool>;
 
@@ -556,8 +545,23 @@ pub trait Store: Send + Sync + 'static {
     /// Every rule.
     async fn rules(&self) -> StoreResult<Vec<Rule>>;
 
+    /// One page of `(tenant, handler)`'s pending events with ids after
+    /// `after`, in id order, stamping them as notified. Used by unpause and
+    /// unblock, which page through all of them.
+    async fn renotify_page(
+        &self,
+        tenant: &str,
+        handler: &str,
+        after: Option<EventId>,
+        limit: usize,
+    ) -> StoreResult<Vec<Scheduled>>;
+}
+
+/// Topic subscriptions: which handlers an emit to a topic stores events for.
+#[async_trait]
+pub trait Topics: Send + Sync + 'static {
     /// Adds a subscription (declared through the API: it stays until
-    /// [`Store::unsubscribe`]); false if it already existed.
+    /// [`Topics::unsubscribe`]); false if it already existed.
     async fn subscribe(&self, subscription: &Subscription) -> StoreResult<bool>;
 
     /// Removes a subscription, whoever declared it; false if there was none.
@@ -577,17 +581,24 @@ pub trait Store: Send + Sync + 'static {
     /// are no longer declared are removed; the API's are left alone (one
     /// declared in the file that the API added becomes the file's).
     async fn sync_subscriptions(&self, declared: &[Subscription]) -> StoreResult<SubscriptionSync>;
+}
 
-    /// One page of `(tenant, handler)`'s pending events with ids after
-    /// `after`, in id order, stamping them as notified. Used by unpause and
-    /// unblock, which page through all of them.
-    async fn renotify_page(
-        &self,
-        tenant: &str,
-        handler: &str,
-        after: Option<EventId>,
-        limit: usize,
-    ) -> StoreResult<Vec<Scheduled>>;
+/// The elected reconciler's passes: re-notify what the queue lost, purge
+/// what outlived its retention, and the store's own upkeep.
+#[async_trait]
+pub trait Reconciliation: Send + Sync + 'static {
+    /// Handles up to `limit` idempotency keys stored more than `window`
+    /// ago, by the store's clock (the cut-off is the store's now minus
+    /// `window`, so no caller's clock moves it), oldest first. A key whose event is still live is
+    /// kept, its time reset to now, so that it names its event while it is
+    /// live and is looked at again only after another window. A key whose
+    /// event is no longer live (finished, dead or deleted) is marked gone,
+    /// its time reset, the first time; the next time (a window later) it is
+    /// deleted, so that the next emit with it creates a new event. So a key
+    /// names its event for at least the window after the emit and after the
+    /// event finished. Returns how many keys were deleted. A store's [`Reconciliation::upkeep`] calls it with its
+    /// configured window ([`DEFAULT_IDEMPOTENCY_WINDOW`] by default).
+    async fn purge_keys(&self, window: Duration, limit: usize) -> StoreResult<u64>;
 
     /// One page of the reconciler's sweep: up to `limit` pending events
     /// that are due, not held by a rule, unleased or expired, and either not
@@ -601,7 +612,7 @@ pub trait Store: Send + Sync + 'static {
     /// complete. The fixed cutoff is what ends a pass whose quiet period is
     /// shorter than the pass itself takes.
     ///
-    /// [`crate::sweep::Sweep`] decides the call; a store carries out its
+    /// [`crate::backend::sweep::Sweep`] decides the call; a store carries out its
     /// steps in one short transaction.
     async fn sweep(
         &self,
@@ -609,16 +620,6 @@ pub trait Store: Send + Sync + 'static {
         pass: Option<SweepPass>,
         limit: usize,
     ) -> StoreResult<SweepPage>;
-
-    /// Takes or keeps the named leader lease for `holder` for `lease`: it
-    /// is taken when the row is free, expired, or already `holder`'s (so a
-    /// restarted process under the same stable name leads again at once).
-    /// Says whether `holder` leads now and, if not, how long the current
-    /// holder's lease has left, so a follower asks again just as it lapses.
-    async fn lead(&self, role: &str, holder: &str, lease: Duration) -> StoreResult<Leadership>;
-
-    /// Gives the leader lease up, if `holder` has it.
-    async fn resign(&self, role: &str, holder: &str) -> StoreResult<()>;
 
     /// Deletes up to `limit` dead events that died more than
     /// `dead_retention` ago and done events finished more than
@@ -640,7 +641,27 @@ pub trait Store: Send + Sync + 'static {
     async fn upkeep(&self) -> StoreResult<()> {
         Ok(())
     }
+}
 
+/// Named leader leases: one reconciler and one scheduler among the
+/// workers sharing a store.
+#[async_trait]
+pub trait LeaderElection: Send + Sync + 'static {
+    /// Takes or keeps the named leader lease for `holder` for `lease`: it
+    /// is taken when the row is free, expired, or already `holder`'s (so a
+    /// restarted process under the same stable name leads again at once).
+    /// Says whether `holder` leads now and, if not, how long the current
+    /// holder's lease has left, so a follower asks again just as it lapses.
+    async fn lead(&self, role: &str, holder: &str, lease: Duration) -> StoreResult<Leadership>;
+
+    /// Gives the leader lease up, if `holder` has it.
+    async fn resign(&self, role: &str, holder: &str) -> StoreResult<()>;
+}
+
+/// The operator's reads and writes of single events: look up, list,
+/// count, revive, delete.
+#[async_trait]
+pub trait Operator: Send + Sync + 'static {
     /// One event.
     async fn get(&self, id: EventId) -> StoreResult<Option<Event>>;
 
@@ -668,6 +689,17 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes an event that is not running (dead, done, or pending without a
     /// live lease). Returns whether it was deleted.
     async fn delete(&self, id: EventId) -> StoreResult<bool>;
+}
+
+/// Schedules: the operator's definitions and the elected scheduler's
+/// firing of due occurrences.
+#[async_trait]
+pub trait Schedules: Send + Sync + 'static {
+    /// The store's clock: what a caller computes a time from when the store
+    /// compares that time with its own clock (a new schedule's first
+    /// occurrence), so that the caller's wall clock plays no part. A store
+    /// may read it with an [`EventStore::inspect`] of no events.
+    async fn clock(&self) -> StoreResult<Millis>;
 
     /// Creates the schedule `(tenant, name)` or replaces its definition.
     /// A replacement with the same occurrences
@@ -699,11 +731,26 @@ pub trait Store: Send + Sync + 'static {
 
     /// In one transaction: moves the schedule's cursor from
     /// `expected_next_at` to `next_at` (compare-and-set), inserts the
-    /// events as [`Store::emit`] does, and records the last of them as the
+    /// events as [`EventStore::emit`] does, and records the last of them as the
     /// schedule's last occurrence. `None`, with nothing written, when the
     /// schedule is gone or its cursor is not `expected_next_at` (another
     /// leader moved it): that is what makes each occurrence emitted once.
     async fn fire_schedule(&self, firing: &ScheduleFiring) -> StoreResult<Option<Vec<Emitted>>>;
+}
+
+/// Everything a backend implements: every role trait. A backend (the
+/// SQLite and PostgreSQL stores, a test double) implements the seven role
+/// traits and gets `Store` from the blanket implementation; an embedder
+/// that wants one handle for all of them takes `Arc<dyn Store>`. Each part
+/// of the runtime takes only the roles it uses.
+pub trait Store:
+    EventStore + Rules + Topics + Reconciliation + LeaderElection + Operator + Schedules
+{
+}
+
+impl<T> Store for T where
+    T: EventStore + Rules + Topics + Reconciliation + LeaderElection + Operator + Schedules
+{
 }
 
 impl RuleKind {

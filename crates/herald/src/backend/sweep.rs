@@ -2,7 +2,7 @@
 //! read next, which candidates to notify and which to park, when a call is
 //! full, when to un-park the events of a rule that is gone.
 //!
-//! A store implements [`Store::sweep`](crate::Store::sweep) by opening one
+//! A store implements [`Reconciliation::sweep`](crate::backend::Reconciliation::sweep) by opening one
 //! short transaction, making a [`Sweep`], and carrying out the [`Step`]s it
 //! returns with its own primitives (read a page of a source after a cursor,
 //! stamp ids notified, park ids, un-park up to n events of a handler, list
@@ -30,8 +30,8 @@
 use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
 
+use crate::backend::{Scheduled, SweepPage, SweepPass};
 use crate::model::{EventId, Millis};
-use crate::store::{Scheduled, SweepPage, SweepPass};
 
 /// `notified_at` of a parked event: a rule holds it; removing the rule
 /// re-notifies it. The sweep's sources skip it.

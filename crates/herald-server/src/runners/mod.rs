@@ -1,5 +1,5 @@
-//! Server-mode handlers: what `herald serve` runs for an event, per handler
-//! name, as configured in `herald.toml`.
+//! The runners of `herald serve`: the webhook and command handlers it runs
+//! for an event, per handler name, as configured in `herald.toml`.
 //!
 //! ```toml
 //! [handlers.send_email]
@@ -583,7 +583,13 @@ mod tests {
         assert_eq!(ids, emitted);
         assert_eq!(ns, (0..N as u64).collect());
 
-        let stored: u64 = client.counts().await.unwrap().iter().map(|c| c.count).sum();
+        let stored: u64 = client
+            .handler_counts(&herald::CountsQuery::totals())
+            .await
+            .unwrap()
+            .iter()
+            .map(|c| c.total())
+            .sum();
         assert_eq!(stored, 0, "done events are deleted");
     }
     /// A store, a queue and a client on a fresh SQLite file.
@@ -641,7 +647,13 @@ mod tests {
         assert_eq!(ids, emitted);
         let payloads: BTreeSet<&str> = lines.iter().map(|l| l.split_once(' ').unwrap().1).collect();
         assert!(payloads.contains(r#"{"n":7}"#), "{text}");
-        let stored: u64 = client.counts().await.unwrap().iter().map(|c| c.count).sum();
+        let stored: u64 = client
+            .handler_counts(&herald::CountsQuery::totals())
+            .await
+            .unwrap()
+            .iter()
+            .map(|c| c.total())
+            .sum();
         assert_eq!(stored, 0);
     }
 

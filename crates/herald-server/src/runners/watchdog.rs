@@ -159,7 +159,7 @@ fn kill_group(pgid: i32) {
 ///
 /// ```no_run
 /// fn main() -> std::process::ExitCode {
-///     if let Some(code) = herald_server::handlers::watchdog::run_if_asked() {
+///     if let Some(code) = herald_server::runners::watchdog::run_if_asked() {
 ///         return code;
 ///     }
 ///     // … the program, which may start a RunWatch …
