@@ -83,8 +83,7 @@ esac
 # million rows, about 1 GB of WAL) sets off a checkpoint by max_wal_size
 # that was often still writing when the timed drain began, its writes (the
 # checkpointer's CPU is PostgreSQL's) and full-page images landing in some
-# drains and not in others (2026-12-05: four of five of one system's hard
-# cases, docs/benchmarks.md). Forced here, the pending one ends before the
+# drains and not in others. Forced here, the pending one ends before the
 # drain, and every system's drain pays the same thing: a full-page image
 # at the first change of each page, as any drain just after a checkpoint
 # does.

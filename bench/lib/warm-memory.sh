@@ -7,7 +7,7 @@
 # Why: on these VMs (Firecracker, KVM) a page's first touch since boot
 # costs about 3.8 s a GiB, twice what a page given back to the host by
 # free page reporting costs (1.9 s) and six times one touched again at
-# once (0.6 s; 2026-12-07, docs/benchmarks.md, "The one command"). A
+# once (0.6 s). A
 # sitting's first rounds grow the page cache (every backlog's load and
 # WAL) into memory never touched since boot, and the process that writes
 # pays the fault in system time: PostgreSQL's backends and WAL writer,

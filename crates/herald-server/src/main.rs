@@ -7,8 +7,8 @@ use clap::{Parser, Subcommand};
 
 /// mimalloc rather than glibc's malloc: a worker allocates per run and per
 /// row, and glibc's malloc, free and consolidation were 13–18 % of its
-/// samples in a drain, mimalloc's about 7 % (`docs/benchmarks.md`,
-/// sixteenth sitting).
+/// samples in a drain, mimalloc's about 7 % (a `perf record` of
+/// `bench/pg-drain.sh`).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -352,7 +352,7 @@ pub async fn open_store(config: &ServeConfig) -> Result<Arc<dyn Store>, StoreErr
             let runs = config.pg_run_commits;
             tracing::info!(
                 pg_run_commits = runs.name(),
-                "which run commits skip their WAL flush (emits never do; ADR 0012)"
+                "which run commits skip their WAL flush (emits never do; ADR 0014)"
             );
             let store = PgStore::connect_with(pool, options, &config.pg_schema).await?;
             refuse_read_only(&store, &location).await?;

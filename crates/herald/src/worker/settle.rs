@@ -47,7 +47,7 @@ const IN_FLIGHT: usize = 2;
 /// A settle call waits for its commit (a flush) and for its rows, about
 /// twice its statement's own time, and while it waits the claims of the
 /// runs it holds are not free: with one call at a time, the settle loop
-/// was the drain's critical path (busy 98 % of a drain, `docs/benchmarks.md`).
+/// was the drain's critical path (busy 98 % of a drain).
 /// A second call starts only with a full batch, so that calls stay large
 /// (smaller ones cost PostgreSQL more per run); runs that do not fill one
 /// wait for the call in flight.
