@@ -567,6 +567,24 @@ fn every_command_against_a_real_server() {
         "{}",
         delay.stderr
     );
+    let run_at = cli.run(&["emit", "acme", "held", "{}", "--run-at", "tomorrow"]);
+    assert_eq!(run_at.code, 2, "{}", run_at.stderr);
+    assert!(
+        run_at.stderr.contains("RFC 3339") && run_at.stderr.contains("422"),
+        "{}",
+        run_at.stderr
+    );
+    let both = cli.run(&[
+        "emit",
+        "acme",
+        "held",
+        "{}",
+        "--run-at",
+        "2099-01-01T00:00:00Z",
+        "--delay",
+        "1h",
+    ]);
+    assert_eq!(both.code, 2, "{}", both.stderr);
     let attempts = cli.run(&["emit", "acme", "held", "{}", "--max-attempts", "0"]);
     assert_eq!(attempts.code, 2, "{}", attempts.stderr);
     let usage = cli.run(&["events", "ls", "--state", "asleep"]);

@@ -16,7 +16,8 @@ pub use crate::group_commit::{
 };
 use crate::handler::Job;
 use crate::model::{
-    AttemptError, Emitted, Event, EventId, NewEvent, Rule, RuleKind, RuleMatch, RunAt, Subscription,
+    AttemptError, Emitted, Event, EventId, Millis, NewEvent, Rule, RuleKind, RuleMatch, RunAt,
+    Subscription,
 };
 use crate::publisher::{created, Publisher};
 pub use crate::publisher::{DEFAULT_NOTIFY_LINGER, DEFAULT_NOTIFY_PUBLISHES, DEFAULT_NOTIFY_WAIT};
@@ -52,6 +53,9 @@ pub enum ClientError {
     /// `max_attempts` must be at least 1.
     #[error("max_attempts must be at least 1")]
     NoAttempts,
+    /// An emit gave both an absolute `run_at` and a relative `delay`.
+    #[error("give run_at or delay, not both")]
+    RunAtAndDelay,
     /// One request of a batch was refused; nothing of the batch was stored.
     #[error("event {index} of the batch: {error}")]
     InBatch {
@@ -102,6 +106,13 @@ pub struct EmitOptions {
     /// Run no earlier than this long from now, by the store's clock (the
     /// store adds it to its own now when it stores the event).
     pub delay: Option<Duration>,
+    /// Run no earlier than this time (ms since the Unix epoch, UTC), by the
+    /// store's clock: an absolute time beside the relative [`delay`]; an
+    /// emit gives one or neither ([`ClientError::RunAtAndDelay`]). A time
+    /// already past runs at once.
+    ///
+    /// [`delay`]: EmitOptions::delay
+    pub run_at: Option<Millis>,
     /// Attempts before the event goes dead. Left out: the job's
     /// [`Job::MAX_ATTEMPTS`] on every typed path ([`Client::emit`],
     /// [`Client::emit_many`], [`EmitRequest::job`]), and
@@ -121,6 +132,22 @@ impl EmitOptions {
     pub fn delay(mut self, d: Duration) -> Self {
         self.delay = Some(d);
         self
+    }
+
+    /// Run no earlier than this time, by the store's clock.
+    pub fn run_at(mut self, at: Millis) -> Self {
+        self.run_at = Some(at);
+        self
+    }
+
+    /// When the event is due: at `run_at`, or `delay` after the store's
+    /// now (now when neither is given).
+    fn due(&self) -> Result<RunAt, ClientError> {
+        match (self.run_at, self.delay) {
+            (Some(_), Some(_)) => Err(ClientError::RunAtAndDelay),
+            (Some(at), None) => Ok(RunAt::At(at)),
+            (None, delay) => Ok(RunAt::After(delay.unwrap_or_default())),
+        }
     }
 
     /// Attempts before the event goes dead.
@@ -597,12 +624,13 @@ impl Client {
         if max_attempts == 0 {
             return Err(ClientError::NoAttempts);
         }
+        let run_at = r.options.due()?;
         Ok(NewEvent {
             id: EventId::new(),
             tenant: r.tenant,
             handler: r.handler,
             payload: r.payload,
-            run_at: RunAt::After(r.options.delay.unwrap_or_default()),
+            run_at,
             max_attempts,
             idempotency_key: r.options.idempotency_key,
             topic: None,
@@ -825,7 +853,7 @@ fn topic_copies(
             topic: topic.to_string(),
         });
     }
-    let run_at = RunAt::After(options.delay.unwrap_or_default());
+    let run_at = options.due()?;
     let max_attempts = options.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS);
     Ok(subscribers
         .iter()

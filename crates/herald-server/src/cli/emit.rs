@@ -19,8 +19,11 @@ pub struct EmitArgs {
     #[arg(value_name = "PAYLOAD|-")]
     pub payload: Option<String>,
     /// Run it no sooner than this from now: "500ms", "30s", "5m", "1h 30m".
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", conflicts_with = "run_at")]
     pub delay: Option<String>,
+    /// Run it no sooner than this time, RFC 3339: "2026-12-07T12:00:03Z".
+    #[arg(long, value_name = "TIME")]
+    pub run_at: Option<String>,
     /// Attempts before it goes dead (the server's default: 10).
     #[arg(long, value_name = "N")]
     pub max_attempts: Option<u32>,
@@ -39,6 +42,8 @@ struct Body<'a> {
     payload: &'a RawValue,
     #[serde(skip_serializing_if = "Option::is_none")]
     delay: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    run_at: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     max_attempts: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -83,6 +88,7 @@ pub async fn run(args: EmitArgs) -> Result<(), Failure> {
         handler: &args.handler,
         payload,
         delay: args.delay.as_deref(),
+        run_at: args.run_at.as_deref(),
         max_attempts: args.max_attempts,
         idempotency_key: args.key.as_deref(),
     };

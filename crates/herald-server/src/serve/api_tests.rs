@@ -261,6 +261,60 @@ async fn a_delay_is_parsed_and_a_bad_one_is_explained() {
 }
 
 #[tokio::test]
+async fn a_run_at_is_stored_exactly_and_a_bad_or_doubled_one_is_explained() {
+    let h = Harness::new(tokens()).await;
+    let event =
+        |run_at: &str| json!({"tenant": "acme", "handler": "h", "payload": {}, "run_at": run_at});
+    // An offset other than Z names the same instant.
+    let id = h.emit(ACME, event("2099-01-02T04:05:06.789+01:00")).await;
+    let (_, v) = h
+        .call(Method::GET, &format!("/v1/events/{id}"), Some(ACME), None)
+        .await;
+    assert_eq!(v["run_at"], "2099-01-02T03:05:06.789Z", "{v}");
+    // On a topic too.
+    let (status, v) = h
+        .call(
+            Method::PUT,
+            "/v1/tenants/acme/topics/orders/subscribers/h",
+            Some(ACME),
+            None,
+        )
+        .await;
+    assert!(status.is_success(), "{status} {v}");
+    let (status, v) = h
+        .call(
+            Method::POST,
+            "/v1/tenants/acme/topics/orders/events",
+            Some(ACME),
+            Some(json!({"payload": {}, "run_at": "2099-01-02T03:05:06Z"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let copy = v["events"][0]["id"].as_str().unwrap().to_string();
+    let (_, v) = h
+        .call(Method::GET, &format!("/v1/events/{copy}"), Some(ACME), None)
+        .await;
+    assert_eq!(v["run_at"], "2099-01-02T03:05:06.000Z", "{v}");
+    for (body, code, says) in [
+        (
+            event("tomorrow"),
+            "invalid_run_at",
+            vec!["run_at", "\"tomorrow\"", "RFC 3339"],
+        ),
+        (
+            json!({"tenant": "acme", "handler": "h", "payload": {}, "run_at": "2099-01-02T03:05:06Z", "delay": "1h"}),
+            "invalid_run_at",
+            vec!["not both"],
+        ),
+    ] {
+        let (status, v) = h
+            .call(Method::POST, "/v1/events", Some(ACME), Some(body))
+            .await;
+        assert_error(status, &v, StatusCode::UNPROCESSABLE_ENTITY, code, &says);
+    }
+}
+
+#[tokio::test]
 async fn a_batch_answers_in_order_and_one_bad_event_refuses_it_by_index() {
     let h = Harness::new(tokens()).await;
     let ev = |n: u32| json!({"tenant": "acme", "handler": "h", "payload": n});

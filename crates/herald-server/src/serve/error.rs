@@ -102,6 +102,10 @@ impl From<ClientError> for ApiError {
                 "invalid_max_attempts",
                 "max_attempts must be at least 1; leave it out for the default (10)",
             ),
+            ClientError::RunAtAndDelay => ApiError::invalid(
+                "invalid_run_at",
+                "give run_at (an RFC 3339 time) or delay (a duration), not both",
+            ),
             ClientError::NotJson(m) => {
                 ApiError::bad_request("malformed_json", format!("payload is not valid JSON: {m}"))
             }

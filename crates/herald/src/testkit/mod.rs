@@ -224,6 +224,8 @@ macro_rules! engine_suite {
             failures_retry_with_backoff_then_succeed,
             snooze_gives_the_attempt_back,
             delayed_event_waits,
+            an_event_at_a_time_waits_for_it,
+            run_at_and_delay_together_are_refused,
             garbage_on_the_queue_is_dropped,
             unknown_handler_is_stored_and_kept,
             bad_payloads_are_refused_and_nothing_is_stored,

@@ -4,7 +4,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use herald::{ClientError, EmitOptions, EmitRequest, Emitted, EventId};
+use herald::{ClientError, EmitOptions, EmitRequest, Emitted, EventId, Millis};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -23,6 +23,8 @@ pub(super) struct EmitBody {
     #[serde(default)]
     delay: Option<String>,
     #[serde(default)]
+    run_at: Option<String>,
+    #[serde(default)]
     max_attempts: Option<u32>,
     #[serde(default)]
     idempotency_key: Option<String>,
@@ -37,17 +39,38 @@ impl EmitBody {
                     .map_err(|m| ApiError::invalid("invalid_delay", format!("delay: {m}")))?,
             ),
         };
+        let run_at = match self.run_at {
+            None => None,
+            Some(t) => Some(parse_run_at(&t)?),
+        };
         Ok(EmitRequest {
             tenant: self.tenant,
             handler: self.handler,
             payload: self.payload.get().to_string(),
             options: EmitOptions {
                 delay,
+                run_at,
                 max_attempts: self.max_attempts,
                 idempotency_key: self.idempotency_key,
             },
         })
     }
+}
+
+/// An emit's `run_at`: an RFC 3339 time with its offset
+/// (`2026-12-07T12:00:03Z`, `2026-12-07T13:00:03.250+01:00`).
+pub(super) fn parse_run_at(text: &str) -> Result<Millis, ApiError> {
+    chrono::DateTime::parse_from_rfc3339(text.trim())
+        .map(|t| Millis(t.timestamp_millis()))
+        .map_err(|e| {
+            ApiError::invalid(
+                "invalid_run_at",
+                format!(
+                    "run_at \"{}\": {e}; write an RFC 3339 time such as 2026-12-07T12:00:03Z",
+                    herald::escape::escaped(text)
+                ),
+            )
+        })
 }
 
 #[derive(Deserialize)]

@@ -24,6 +24,8 @@ pub(super) struct TopicEmitBody {
     #[serde(default)]
     delay: Option<String>,
     #[serde(default)]
+    run_at: Option<String>,
+    #[serde(default)]
     max_attempts: Option<u32>,
     #[serde(default)]
     idempotency_key: Option<String>,
@@ -65,8 +67,13 @@ pub(super) async fn emit_topic(
                 .map_err(|m| ApiError::invalid("invalid_delay", format!("delay: {m}")))?,
         ),
     };
+    let run_at = match body.run_at {
+        None => None,
+        Some(t) => Some(super::emit::parse_run_at(&t)?),
+    };
     let options = EmitOptions {
         delay,
+        run_at,
         max_attempts: body.max_attempts,
         idempotency_key: body.idempotency_key,
     };

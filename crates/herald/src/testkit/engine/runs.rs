@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::{Rig, H, SOON, T};
 use crate::backend::Store;
 use crate::client::{EmitOptions, EmitRequest};
+use crate::model::Millis;
 use crate::testkit::eventually;
 use crate::testkit::faults::Faulty;
 use crate::worker::MIN_LEASE;
@@ -74,6 +75,39 @@ pub async fn delayed_event_waits(store: Arc<dyn Store>) {
     rig.runs_once(id).await;
     assert!(start.elapsed() >= Duration::from_millis(800));
     w.shutdown(SOON).await;
+}
+
+/// An event emitted for an absolute time (`run_at`) does not run before
+/// it by the store's clock; one for a time already past runs at once.
+pub async fn an_event_at_a_time_waits_for_it(store: Arc<dyn Store>) {
+    let rig = Rig::new(store.clone()).await;
+    let w = rig.worker();
+    let now = store.clock().await.expect("the store's clock");
+    let past = rig
+        .emit_to(H, EmitOptions::default().run_at(Millis(now.0 - 3_600_000)))
+        .await;
+    rig.runs_once(past).await;
+    let at = Millis(store.clock().await.expect("the store's clock").0 + 800);
+    let id = rig.emit_to(H, EmitOptions::default().run_at(at)).await;
+    rig.runs_once(id).await;
+    let ran = store.clock().await.expect("the store's clock");
+    assert!(ran.0 >= at.0, "ran at {ran:?}, before its time {at:?}");
+    w.shutdown(SOON).await;
+}
+
+/// An emit names its time once: `run_at` or `delay`, not both.
+pub async fn run_at_and_delay_together_are_refused(store: Arc<dyn Store>) {
+    let rig = Rig::new(store).await;
+    let both = EmitOptions::default()
+        .run_at(Millis(0))
+        .delay(Duration::from_secs(1));
+    let err = rig
+        .client
+        .emit_json(T, H, "{}", both)
+        .await
+        .expect_err("both refused");
+    assert!(matches!(err, crate::ClientError::RunAtAndDelay), "{err}");
+    assert_eq!(rig.stored().await, 0);
 }
 
 /// Settle calls overlap, two at most, each of at most a full batch: while
