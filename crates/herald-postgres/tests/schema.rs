@@ -153,31 +153,5 @@ async fn the_migrated_schema_is_the_checked_in_dump() {
     };
     let mut conn = store.pool().acquire().await.expect("a connection");
     let found = dump(&mut conn, store.schema()).await;
-    if std::env::var_os("UPDATE_SCHEMA").is_some() {
-        std::fs::write(DUMP, &found).unwrap_or_else(|e| panic!("write {DUMP}: {e}"));
-        return;
-    }
-    let expected = std::fs::read_to_string(DUMP).unwrap_or_default();
-    if found != expected {
-        let line = found
-            .lines()
-            .zip(expected.lines())
-            .position(|(a, b)| a != b)
-            .unwrap_or_else(|| found.lines().count().min(expected.lines().count()));
-        let around = |text: &str| -> String {
-            text.lines()
-                .skip(line.saturating_sub(3))
-                .take(7)
-                .collect::<Vec<_>>()
-                .join("\n")
-        };
-        panic!(
-            "the migrated schema differs from {DUMP} from line {}:\n\
-             --- migrated\n{}\n--- checked in\n{}\n\
-             If the change is intended, regenerate the dump with `{REGENERATE}` and commit it.",
-            line + 1,
-            around(&found),
-            around(&expected),
-        );
-    }
+    herald::testkit::schema_dump::check(&found, DUMP, REGENERATE);
 }

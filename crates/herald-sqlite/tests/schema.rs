@@ -83,31 +83,5 @@ fn a_new_file_has_the_checked_in_schema() {
     let path = dir.path().join("herald.db");
     drop(SqliteStore::open(&path).expect("open a new file"));
     let found = dump(&path);
-    if std::env::var_os("UPDATE_SCHEMA").is_some() {
-        std::fs::write(DUMP, &found).unwrap_or_else(|e| panic!("write {DUMP}: {e}"));
-        return;
-    }
-    let expected = std::fs::read_to_string(DUMP).unwrap_or_default();
-    if found != expected {
-        let line = found
-            .lines()
-            .zip(expected.lines())
-            .position(|(a, b)| a != b)
-            .unwrap_or_else(|| found.lines().count().min(expected.lines().count()));
-        let around = |text: &str| -> String {
-            text.lines()
-                .skip(line.saturating_sub(3))
-                .take(7)
-                .collect::<Vec<_>>()
-                .join("\n")
-        };
-        panic!(
-            "the schema of a new file differs from {DUMP} from line {}:\n\
-             --- new file\n{}\n--- checked in\n{}\n\
-             If the change is intended, regenerate the dump with `{REGENERATE}` and commit it.",
-            line + 1,
-            around(&found),
-            around(&expected),
-        );
-    }
+    herald::testkit::schema_dump::check(&found, DUMP, REGENERATE);
 }

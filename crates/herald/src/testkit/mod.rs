@@ -20,6 +20,7 @@ pub mod engine;
 pub mod faults;
 pub mod parity;
 pub mod queue;
+pub mod schema_dump;
 pub mod store;
 
 use std::any::Any;
