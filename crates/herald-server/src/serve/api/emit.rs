@@ -32,34 +32,50 @@ pub(super) struct EmitBody {
 
 impl EmitBody {
     fn into_request(self) -> Result<EmitRequest, ApiError> {
-        let delay = match self.delay {
-            None => None,
-            Some(d) => Some(
-                parse_duration(&d)
-                    .map_err(|m| ApiError::invalid("invalid_delay", format!("delay: {m}")))?,
-            ),
-        };
-        let run_at = match self.run_at {
-            None => None,
-            Some(t) => Some(parse_run_at(&t)?),
-        };
         Ok(EmitRequest {
             tenant: self.tenant,
             handler: self.handler,
             payload: self.payload.get().to_string(),
-            options: EmitOptions {
-                delay,
-                run_at,
-                max_attempts: self.max_attempts,
-                idempotency_key: self.idempotency_key,
-            },
+            options: emit_options(
+                self.delay,
+                self.run_at,
+                self.max_attempts,
+                self.idempotency_key,
+            )?,
         })
     }
 }
 
+/// An emit's options from its body's fields (an event's or a topic's),
+/// `delay` and `run_at` parsed.
+pub(super) fn emit_options(
+    delay: Option<String>,
+    run_at: Option<String>,
+    max_attempts: Option<u32>,
+    idempotency_key: Option<String>,
+) -> Result<EmitOptions, ApiError> {
+    let delay = match delay {
+        None => None,
+        Some(d) => Some(
+            parse_duration(&d)
+                .map_err(|m| ApiError::invalid("invalid_delay", format!("delay: {m}")))?,
+        ),
+    };
+    let run_at = match run_at {
+        None => None,
+        Some(t) => Some(parse_run_at(&t)?),
+    };
+    Ok(EmitOptions {
+        delay,
+        run_at,
+        max_attempts,
+        idempotency_key,
+    })
+}
+
 /// An emit's `run_at`: an RFC 3339 time with its offset
 /// (`2026-12-07T12:00:03Z`, `2026-12-07T13:00:03.250+01:00`).
-pub(super) fn parse_run_at(text: &str) -> Result<Millis, ApiError> {
+fn parse_run_at(text: &str) -> Result<Millis, ApiError> {
     chrono::DateTime::parse_from_rfc3339(text.trim())
         .map(|t| Millis(t.timestamp_millis()))
         .map_err(|e| {

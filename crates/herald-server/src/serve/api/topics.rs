@@ -5,13 +5,12 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use herald::{EmitOptions, Subscription, TopicEmitted};
+use herald::{Subscription, TopicEmitted};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use super::emit::EmitResult;
 use super::ApiState;
-use crate::config::parse_duration;
 use crate::serve::auth::Caller;
 use crate::serve::error::{ApiError, JsonBody, PathParams};
 
@@ -60,23 +59,12 @@ pub(super) async fn emit_topic(
     herald::client::check_name("tenant", &tenant)?;
     herald::client::check_name("topic", &topic)?;
     caller.may_act_for(&tenant)?;
-    let delay = match body.delay {
-        None => None,
-        Some(d) => Some(
-            parse_duration(&d)
-                .map_err(|m| ApiError::invalid("invalid_delay", format!("delay: {m}")))?,
-        ),
-    };
-    let run_at = match body.run_at {
-        None => None,
-        Some(t) => Some(super::emit::parse_run_at(&t)?),
-    };
-    let options = EmitOptions {
-        delay,
-        run_at,
-        max_attempts: body.max_attempts,
-        idempotency_key: body.idempotency_key,
-    };
+    let options = super::emit::emit_options(
+        body.delay,
+        body.run_at,
+        body.max_attempts,
+        body.idempotency_key,
+    )?;
     let out = s
         .client
         .emit_topic_json(&tenant, &topic, body.payload.get(), options)
