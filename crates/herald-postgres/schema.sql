@@ -23,7 +23,8 @@ CREATE TABLE events (
     payload text NOT NULL,
     errors jsonb,
     id_key uuid GENERATED ALWAYS AS (id) STORED,
-    topic text
+    topic text,
+    concurrency_key text
 ) PARTITION BY LIST (leaf);
 CREATE TABLE events_1 (
     id uuid NOT NULL,
@@ -45,7 +46,8 @@ CREATE TABLE events_1 (
     payload text NOT NULL,
     errors jsonb,
     id_key uuid GENERATED ALWAYS AS (id) STORED,
-    topic text
+    topic text,
+    concurrency_key text
 ) PARTITION OF events FOR VALUES IN ('1') WITH (fillfactor=45, autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=10000, autovacuum_vacuum_insert_scale_factor=0, autovacuum_vacuum_insert_threshold=10000, autovacuum_analyze_scale_factor=0, autovacuum_analyze_threshold=50000, autovacuum_vacuum_cost_delay=0, autovacuum_vacuum_cost_limit=10000);
 CREATE TABLE events_2 (
     id uuid NOT NULL,
@@ -67,7 +69,8 @@ CREATE TABLE events_2 (
     payload text NOT NULL,
     errors jsonb,
     id_key uuid GENERATED ALWAYS AS (id) STORED,
-    topic text
+    topic text,
+    concurrency_key text
 ) PARTITION OF events FOR VALUES IN ('2') WITH (fillfactor=45, autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=10000, autovacuum_vacuum_insert_scale_factor=0, autovacuum_vacuum_insert_threshold=10000, autovacuum_analyze_scale_factor=0, autovacuum_analyze_threshold=50000, autovacuum_vacuum_cost_delay=0, autovacuum_vacuum_cost_limit=10000);
 CREATE TABLE events_3 (
     id uuid NOT NULL,
@@ -89,7 +92,8 @@ CREATE TABLE events_3 (
     payload text NOT NULL,
     errors jsonb,
     id_key uuid GENERATED ALWAYS AS (id) STORED,
-    topic text
+    topic text,
+    concurrency_key text
 ) PARTITION OF events FOR VALUES IN ('3') WITH (fillfactor=45, autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=10000, autovacuum_vacuum_insert_scale_factor=0, autovacuum_vacuum_insert_threshold=10000, autovacuum_analyze_scale_factor=0, autovacuum_analyze_threshold=50000, autovacuum_vacuum_cost_delay=0, autovacuum_vacuum_cost_limit=10000);
 CREATE TABLE events_cold (
     id uuid NOT NULL,
@@ -111,7 +115,8 @@ CREATE TABLE events_cold (
     payload text NOT NULL,
     errors jsonb,
     id_key uuid GENERATED ALWAYS AS (id) STORED,
-    topic text
+    topic text,
+    concurrency_key text
 ) PARTITION OF events FOR VALUES IN ('0') WITH (fillfactor=45, autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=10000, autovacuum_vacuum_insert_scale_factor=0, autovacuum_vacuum_insert_threshold=10000, autovacuum_analyze_scale_factor=0, autovacuum_analyze_threshold=50000, autovacuum_vacuum_cost_delay=0, autovacuum_vacuum_cost_limit=10000);
 CREATE TABLE idempotency_keys (
     tenant text NOT NULL,
@@ -125,6 +130,32 @@ CREATE TABLE leaders (
     role text NOT NULL,
     holder text NOT NULL,
     expires_at bigint NOT NULL
+);
+CREATE TABLE limit_slots (
+    token uuid NOT NULL,
+    kind smallint NOT NULL,
+    handler text NOT NULL,
+    tenant text NOT NULL,
+    key text NOT NULL,
+    event_id uuid NOT NULL,
+    expires_at bigint NOT NULL
+);
+CREATE TABLE limit_waits (
+    handler text NOT NULL,
+    kind smallint NOT NULL,
+    tenant text NOT NULL,
+    key text NOT NULL,
+    seq bigint NOT NULL,
+    event_id uuid NOT NULL
+);
+CREATE TABLE limits (
+    handler text NOT NULL,
+    kind smallint NOT NULL,
+    tenant text NOT NULL,
+    key text NOT NULL,
+    running integer NOT NULL,
+    source text NOT NULL,
+    created_at bigint NOT NULL
 );
 CREATE TABLE meta (
     key text NOT NULL,
@@ -177,6 +208,7 @@ CREATE TABLE subscriptions (
 );
 
 -- views, sequences and types
+CREATE SEQUENCE limit_waits_seq_seq;
 
 -- constraints
 ALTER TABLE events ADD CONSTRAINT events_attempt_check1 CHECK ((attempt >= 0));
@@ -206,6 +238,15 @@ ALTER TABLE events_cold ADD CONSTRAINT events_max_attempts_check1 CHECK ((max_at
 ALTER TABLE events_cold ADD CONSTRAINT events_state_check1 CHECK ((state = ANY (ARRAY[0, 1, 2])));
 ALTER TABLE idempotency_keys ADD CONSTRAINT idempotency_keys_pkey PRIMARY KEY (tenant, handler, key);
 ALTER TABLE leaders ADD CONSTRAINT leaders_pkey PRIMARY KEY (role);
+ALTER TABLE limit_slots ADD CONSTRAINT limit_slots_pkey PRIMARY KEY (token, kind);
+ALTER TABLE limit_waits ADD CONSTRAINT limit_waits_pkey PRIMARY KEY (handler, kind, tenant, key, seq);
+ALTER TABLE limits ADD CONSTRAINT limits_check CHECK (((kind > 0) OR (tenant = ''::text)));
+ALTER TABLE limits ADD CONSTRAINT limits_check1 CHECK (((kind = 2) OR (key = ''::text)));
+ALTER TABLE limits ADD CONSTRAINT limits_check2 CHECK ((((tenant = ''::text) = (key = ''::text)) OR (kind < 2)));
+ALTER TABLE limits ADD CONSTRAINT limits_kind_check CHECK ((kind = ANY (ARRAY[0, 1, 2])));
+ALTER TABLE limits ADD CONSTRAINT limits_pkey PRIMARY KEY (handler, kind, tenant, key);
+ALTER TABLE limits ADD CONSTRAINT limits_running_check CHECK ((running > 0));
+ALTER TABLE limits ADD CONSTRAINT limits_source_check CHECK ((source = ANY (ARRAY['config'::text, 'api'::text])));
 ALTER TABLE meta ADD CONSTRAINT meta_pkey PRIMARY KEY (key);
 ALTER TABLE parked ADD CONSTRAINT parked_pkey PRIMARY KEY (tenant, handler);
 ALTER TABLE ring ADD CONSTRAINT ring_leaf_check CHECK (((leaf >= 1) AND (leaf <= 3)));
@@ -254,6 +295,12 @@ CREATE INDEX events_to_notify ON ONLY herald.events USING btree (notified_at, id
 CREATE INDEX idempotency_keys_by_age ON herald.idempotency_keys USING btree (stored_at);
 CREATE UNIQUE INDEX idempotency_keys_pkey ON herald.idempotency_keys USING btree (tenant, handler, key);
 CREATE UNIQUE INDEX leaders_pkey ON herald.leaders USING btree (role);
+CREATE INDEX limit_slots_by_expiry ON herald.limit_slots USING btree (expires_at);
+CREATE INDEX limit_slots_by_scope ON herald.limit_slots USING btree (handler, kind, tenant, key, expires_at);
+CREATE UNIQUE INDEX limit_slots_pkey ON herald.limit_slots USING btree (token, kind);
+CREATE INDEX limit_waits_by_event ON herald.limit_waits USING btree (event_id);
+CREATE UNIQUE INDEX limit_waits_pkey ON herald.limit_waits USING btree (handler, kind, tenant, key, seq);
+CREATE UNIQUE INDEX limits_pkey ON herald.limits USING btree (handler, kind, tenant, key);
 CREATE UNIQUE INDEX meta_pkey ON herald.meta USING btree (key);
 CREATE UNIQUE INDEX parked_pkey ON herald.parked USING btree (tenant, handler);
 CREATE UNIQUE INDEX ring_empty_pkey ON herald.ring_empty USING btree (leaf);
@@ -278,7 +325,7 @@ CREATE OR REPLACE FUNCTION herald.claim(uuid[], bigint, uuid[], text[], text[])
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET search_path TO 'herald', 'pg_catalog'
-AS $function$DECLARE taken bigint;
+AS $function$DECLARE taken bigint; more bigint;
 BEGIN
   RETURN QUERY UPDATE events AS e
        SET attempt = e.attempt + 1, lease_token = $1[array_position($3, e.id)],
@@ -300,6 +347,8 @@ BEGIN
                   AND e.tenant = ANY($5))
               OR NOT EXISTS (SELECT 1 FROM rules AS r
                              WHERE r.tenant = e.tenant AND r.handler = e.handler OFFSET 0))
+         AND ((SELECT NOT EXISTS (SELECT 1 FROM limits AS l WHERE l.handler = ANY($4)))
+              OR NOT EXISTS (SELECT 1 FROM limits AS l WHERE l.handler = e.handler OFFSET 0))
        RETURNING e.*;
   GET DIAGNOSTICS taken = ROW_COUNT;
   IF taken < cardinality($3) THEN
@@ -321,11 +370,120 @@ BEGIN
                     AND e.tenant = ANY($5))
                 OR NOT EXISTS (SELECT 1 FROM rules AS r
                                WHERE r.tenant = e.tenant AND r.handler = e.handler OFFSET 0))
+           AND ((SELECT NOT EXISTS (SELECT 1 FROM limits AS l WHERE l.handler = ANY($4)))
+                OR NOT EXISTS (SELECT 1 FROM limits AS l WHERE l.handler = e.handler OFFSET 0))
          RETURNING e.*;
+    GET DIAGNOSTICS more = ROW_COUNT;
+    taken := taken + more;
+  END IF;
+  IF taken < cardinality($3) AND EXISTS (SELECT 1 FROM limits AS l WHERE l.handler = ANY($4)) THEN
+    RETURN QUERY SELECT * FROM claim_limited($1, $2, $3, $4, $5);
   END IF;
 END$function$
 ;
-CREATE OR REPLACE FUNCTION herald.emit(uuid[], text[], text[], text[], bigint[], integer[], text[], text[], bigint[])
+CREATE OR REPLACE FUNCTION herald.claim_limited(uuid[], bigint, uuid[], text[], text[])
+ RETURNS SETOF herald.events
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET enable_bitmapscan TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+ SET search_path TO 'herald', 'pg_catalog'
+AS $function$DECLARE
+  got events[];
+  now_ms bigint := floor(date_part('epoch', now()) * 1000)::bigint;
+  s_id uuid[]; s_kind int2[]; s_handler text[]; s_tenant text[]; s_key text[];
+  s_token uuid[]; s_expires int8[]; s_name text[];
+  q_name text[]; q_kind int2[]; q_handler text[]; q_tenant text[]; q_key text[]; q_room int8[];
+  ev record;
+  i integer;
+  full_at integer;
+  kept uuid[] := '{}';
+  r_id uuid[] := '{}';
+  r_at int4[] := '{}';
+  lock_key integer;
+BEGIN
+  WITH c AS (
+    UPDATE events AS e
+       SET attempt = e.attempt + 1, lease_token = $1[array_position($3, e.id)],
+           lease_expires_at = now_ms + $2, updated_at = now_ms
+     WHERE e.id = ANY($3)
+       AND (e.state + 0) = 0
+       AND e.run_at <= now_ms
+       AND (e.lease_expires_at IS NULL OR e.lease_expires_at <= now_ms)
+       AND e.attempt < e.max_attempts
+       AND (e.handler || '') = ANY($4)
+       AND EXISTS (SELECT 1 FROM limits AS l WHERE l.handler = e.handler)
+       AND NOT EXISTS (SELECT 1 FROM rules AS r
+                       WHERE r.tenant = e.tenant AND r.handler = e.handler OFFSET 0)
+    RETURNING e.*)
+  SELECT coalesce(array_agg(c), '{}') INTO got FROM c;
+  SELECT array_agg(g.id), array_agg(x.kind), array_agg(g.handler), array_agg(x.tenant),
+         array_agg(x.key), array_agg(g.lease_token), array_agg(g.lease_expires_at),
+         array_agg(x.kind::text || '/' || g.handler || '/' || x.tenant || '/' || x.key)
+    INTO s_id, s_kind, s_handler, s_tenant, s_key, s_token, s_expires, s_name
+    FROM unnest(got) AS g
+    CROSS JOIN LATERAL (VALUES (0::int2, ''::text, ''::text), (1::int2, g.tenant, ''::text),
+                               (2::int2, g.tenant, g.concurrency_key)) AS x(kind, tenant, key)
+   WHERE x.key IS NOT NULL AND scope_limit(x.kind, g.handler, x.tenant, x.key) IS NOT NULL;
+  IF s_id IS NULL THEN
+    RETURN QUERY SELECT * FROM unnest(got);
+    RETURN;
+  END IF;
+  FOR lock_key IN SELECT DISTINCT scope_lock_key(s.kind, s.handler, s.tenant, s.key)
+                    FROM unnest(s_kind, s_handler, s_tenant, s_key) AS s(kind, handler, tenant, key)
+                   ORDER BY 1 LOOP
+    PERFORM pg_advisory_xact_lock(1751478881, lock_key);
+  END LOOP;
+  SELECT array_agg(q.name ORDER BY q.name), array_agg(q.kind ORDER BY q.name),
+         array_agg(q.handler ORDER BY q.name), array_agg(q.tenant ORDER BY q.name),
+         array_agg(q.key ORDER BY q.name),
+         array_agg(scope_limit(q.kind, q.handler, q.tenant, q.key)
+                   - (SELECT count(*) FROM limit_slots AS t
+                      WHERE t.handler = q.handler AND t.kind = q.kind AND t.tenant = q.tenant
+                        AND t.key = q.key AND t.expires_at > now_ms) ORDER BY q.name)
+    INTO q_name, q_kind, q_handler, q_tenant, q_key, q_room
+    FROM (SELECT DISTINCT s.name, s.kind, s.handler, s.tenant, s.key
+            FROM unnest(s_name, s_kind, s_handler, s_tenant, s_key)
+                 AS s(name, kind, handler, tenant, key)) AS q;
+  FOR ev IN SELECT s.id, array_agg(array_position(q_name, s.name) ORDER BY s.kind) AS at
+              FROM unnest(s_id, s_name, s_kind) AS s(id, name, kind)
+             GROUP BY s.id ORDER BY s.id LOOP
+    full_at := NULL;
+    FOREACH i IN ARRAY ev.at LOOP
+      IF q_room[i] <= 0 THEN
+        full_at := i;
+        EXIT;
+      END IF;
+    END LOOP;
+    IF full_at IS NULL THEN
+      FOREACH i IN ARRAY ev.at LOOP
+        q_room[i] := q_room[i] - 1;
+      END LOOP;
+      kept := kept || ev.id;
+    ELSE
+      r_id := r_id || ev.id;
+      r_at := r_at || full_at;
+    END IF;
+  END LOOP;
+  IF cardinality(r_id) > 0 THEN
+    UPDATE events AS e
+       SET attempt = e.attempt - 1, lease_token = NULL, lease_expires_at = NULL,
+           notified_at = 9223372036854775807
+     WHERE e.id = ANY(r_id) AND e.lease_token = ANY(s_token) AND (e.state + 0) = 0;
+    INSERT INTO limit_waits (handler, kind, tenant, key, event_id)
+    SELECT q_handler[w.at], q_kind[w.at], q_tenant[w.at], q_key[w.at], w.id
+      FROM unnest(r_id, r_at) AS w(id, at);
+  END IF;
+  INSERT INTO limit_slots (token, kind, handler, tenant, key, event_id, expires_at)
+  SELECT s.token, s.kind, s.handler, s.tenant, s.key, s.id, s.expires
+    FROM unnest(s_id, s_kind, s_handler, s_tenant, s_key, s_token, s_expires)
+         AS s(id, kind, handler, tenant, key, token, expires)
+   WHERE s.id = ANY(kept);
+  RETURN QUERY SELECT * FROM unnest(got) AS g WHERE g.id <> ALL(r_id);
+END$function$
+;
+CREATE OR REPLACE FUNCTION herald.emit(uuid[], text[], text[], text[], bigint[], integer[], text[], text[], bigint[], text[])
  RETURNS SETOF uuid
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
@@ -337,16 +495,17 @@ CREATE OR REPLACE FUNCTION herald.emit(uuid[], text[], text[], text[], bigint[],
  SET search_path TO 'herald', 'pg_catalog'
 AS $function$BEGIN RETURN QUERY INSERT INTO events AS e
        (id, tenant, handler, payload, run_at, max_attempts, notified_at, idempotency_key,
-        created_at, updated_at, leaf, topic)
+        created_at, updated_at, leaf, topic, concurrency_key)
      SELECT u.id, u.tenant, u.handler, u.payload, t.run_at, u.max_attempts,
             least(t.run_at, 9223372036854775806), u.key, c.now, c.now,
             CASE WHEN t.run_at > c.now + 10000
                       OR EXISTS (SELECT 1 FROM rules AS r
                                  WHERE r.tenant = u.tenant AND r.handler = u.handler)
                  THEN 0 ELSE c.leaf END,
-            u.topic
-     FROM unnest($1, $2, $3, $4, $5, $6, $7, $8, $9)
-            AS u(id, tenant, handler, payload, at, max_attempts, key, topic, after_ms),
+            u.topic, u.concurrency_key
+     FROM unnest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+            AS u(id, tenant, handler, payload, at, max_attempts, key, topic, after_ms,
+                 concurrency_key),
           (SELECT floor(date_part('epoch', now()) * 1000)::bigint AS now,
                   coalesce((SELECT r.leaf FROM ring AS r WHERE r.phase = 'filling'), 0) AS leaf)
             AS c,
@@ -379,8 +538,29 @@ AS $function$BEGIN RETURN QUERY SELECT k.ord, x.id
                            AND e.idempotency_key = k.key AND e.state = 0
                          LIMIT 1) AS x; END$function$
 ;
+CREATE OR REPLACE FUNCTION herald.free_slots(uuid[])
+ RETURNS TABLE(tenant text, id uuid)
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET enable_bitmapscan TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+ SET search_path TO 'herald', 'pg_catalog'
+AS $function$DECLARE
+  f_kind int2[]; f_handler text[]; f_tenant text[]; f_key text[];
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM limit_slots AS t WHERE t.token = ANY($1)) THEN
+    RETURN;
+  END IF;
+  WITH d AS (DELETE FROM limit_slots AS t WHERE t.token = ANY($1)
+             RETURNING t.kind, t.handler, t.tenant, t.key)
+  SELECT array_agg(d.kind), array_agg(d.handler), array_agg(d.tenant), array_agg(d.key)
+    INTO f_kind, f_handler, f_tenant, f_key FROM d;
+  RETURN QUERY SELECT * FROM wake_scopes(f_kind, f_handler, f_tenant, f_key, 1000);
+END$function$
+;
 CREATE OR REPLACE FUNCTION herald.inspect(uuid[])
- RETURNS TABLE(now bigint, id uuid, tenant text, handler text, payload text, state smallint, run_at bigint, attempt integer, max_attempts integer, lease_token uuid, lease_expires_at bigint, last_error text, idempotency_key text, created_at bigint, updated_at bigint, topic text, blocked boolean, paused boolean)
+ RETURNS TABLE(now bigint, id uuid, tenant text, handler text, payload text, state smallint, run_at bigint, attempt integer, max_attempts integer, lease_token uuid, lease_expires_at bigint, last_error text, idempotency_key text, created_at bigint, updated_at bigint, topic text, concurrency_key text, blocked boolean, paused boolean, wait_kind smallint, wait_tenant text, wait_key text, wait_running bigint, wait_limit integer)
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
  SET enable_bitmapscan TO 'off'
@@ -391,13 +571,48 @@ CREATE OR REPLACE FUNCTION herald.inspect(uuid[])
  SET search_path TO 'herald', 'pg_catalog'
 AS $function$BEGIN RETURN QUERY SELECT c.now, e.id, e.tenant, e.handler, e.payload, e.state, e.run_at,
        e.attempt, e.max_attempts, e.lease_token, e.lease_expires_at, e.last_error,
-       e.idempotency_key, e.created_at, e.updated_at, e.topic,
+       e.idempotency_key, e.created_at, e.updated_at, e.topic, e.concurrency_key,
        EXISTS (SELECT 1 FROM rules AS r WHERE r.tenant = e.tenant
                AND r.handler = e.handler AND r.kind = 'block'),
        EXISTS (SELECT 1 FROM rules AS r WHERE r.tenant = e.tenant
-               AND r.handler = e.handler AND r.kind = 'pause')
+               AND r.handler = e.handler AND r.kind = 'pause'),
+       w.kind, w.tenant, w.key,
+       (SELECT count(*) FROM limit_slots AS t
+        WHERE t.handler = w.handler AND t.kind = w.kind AND t.tenant = w.tenant
+          AND t.key = w.key AND t.expires_at > c.now),
+       (SELECT l.running FROM limits AS l
+        WHERE l.handler = w.handler AND l.kind = w.kind
+          AND (l.tenant = w.tenant OR l.tenant = '') AND (l.key = w.key OR l.key = '')
+        ORDER BY l.tenant DESC, l.key DESC LIMIT 1)
      FROM (SELECT floor(date_part('epoch', pg_catalog.now()) * 1000)::bigint AS now) AS c
-     LEFT JOIN events AS e ON e.id = ANY($1); END$function$
+     LEFT JOIN events AS e ON e.id = ANY($1)
+     LEFT JOIN LATERAL (SELECT x.handler, x.kind, x.tenant, x.key FROM limit_waits AS x
+                        WHERE x.event_id = e.id AND e.notified_at = 9223372036854775807
+                        ORDER BY x.seq DESC LIMIT 1) AS w ON true; END$function$
+;
+CREATE OR REPLACE FUNCTION herald.lapse_slots(integer)
+ RETURNS TABLE(tenant text, id uuid)
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET enable_bitmapscan TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+ SET search_path TO 'herald', 'pg_catalog'
+AS $function$DECLARE
+  f_kind int2[]; f_handler text[]; f_tenant text[]; f_key text[];
+BEGIN
+  WITH d AS (DELETE FROM limit_slots AS t
+              WHERE (t.token, t.kind) IN (SELECT x.token, x.kind FROM limit_slots AS x
+                                           WHERE x.expires_at <= floor(date_part('epoch', now()) * 1000)::bigint
+                                           ORDER BY x.expires_at LIMIT $1)
+             RETURNING t.kind, t.handler, t.tenant, t.key)
+  SELECT array_agg(d.kind), array_agg(d.handler), array_agg(d.tenant), array_agg(d.key)
+    INTO f_kind, f_handler, f_tenant, f_key FROM d;
+  IF f_kind IS NULL THEN
+    RETURN;
+  END IF;
+  RETURN QUERY SELECT * FROM wake_scopes(f_kind, f_handler, f_tenant, f_key, 1000);
+END$function$
 ;
 CREATE OR REPLACE FUNCTION herald.renew(bigint, uuid[], uuid[], integer[])
  RETURNS SETOF integer
@@ -429,6 +644,13 @@ BEGIN
            AND e.leaf = 0
            AND e.lease_token = s.token AND (e.state + 0) = 0
          RETURNING s.ord;
+  END IF;
+  IF EXISTS (SELECT 1 FROM limit_slots AS t WHERE t.token = ANY($3)) THEN
+    UPDATE limit_slots AS t
+       SET expires_at = (SELECT floor(date_part('epoch', now()) * 1000)::bigint) + $1
+     WHERE t.token = ANY($3)
+       AND EXISTS (SELECT 1 FROM events AS e
+                   WHERE e.id = t.event_id AND e.lease_token = t.token AND e.state = 0);
   END IF;
 END$function$
 ;
@@ -543,6 +765,22 @@ BEGIN
   WHERE r.leaf = $1;
   RETURN QUERY SELECT n_moved, n_left - n_moved, true;
 END$function$
+;
+CREATE OR REPLACE FUNCTION herald.scope_limit(smallint, text, text, text)
+ RETURNS integer
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'herald', 'pg_catalog'
+AS $function$SELECT l.running FROM limits AS l
+     WHERE l.handler = $2 AND l.kind = $1
+       AND (l.tenant = $3 OR l.tenant = '') AND (l.key = $4 OR l.key = '')
+     ORDER BY l.tenant DESC, l.key DESC LIMIT 1$function$
+;
+CREATE OR REPLACE FUNCTION herald.scope_lock_key(smallint, text, text, text)
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$SELECT hashtext($1::text || '/' || $2 || '/' || $3 || '/' || $4)$function$
 ;
 CREATE OR REPLACE FUNCTION herald.settle_archive(uuid[], uuid[], integer[])
  RETURNS SETOF integer
@@ -786,6 +1024,123 @@ AS $function$DECLARE n bigint; BEGIN UPDATE events AS e SET notified_at = least(
                             AND x.state = 0 AND x.notified_at = 9223372036854775807
                             ORDER BY x.id_key LIMIT $3))
        AND (e.state + 0) = 0; GET DIAGNOSTICS n = ROW_COUNT; RETURN n; END$function$
+;
+CREATE OR REPLACE FUNCTION herald.wake_limit(text, smallint, integer, text, text)
+ RETURNS TABLE(tenant text, id uuid, last_tenant text, last_key text)
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET enable_bitmapscan TO 'off'
+ SET enable_hashjoin TO 'off'
+ SET enable_mergejoin TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+ SET search_path TO 'herald', 'pg_catalog'
+AS $function$#variable_conflict use_column
+DECLARE
+  w_tenant text[]; w_key text[];
+BEGIN
+  SELECT array_agg(s.tenant), array_agg(s.key) INTO w_tenant, w_key FROM (
+    WITH RECURSIVE s(tenant, key) AS (
+      (SELECT x.tenant, x.key FROM limit_waits AS x
+        WHERE x.handler = $1 AND x.kind = $2
+          AND ($4 IS NULL OR (x.tenant, x.key) > ($4, $5))
+        ORDER BY x.tenant, x.key LIMIT 1)
+      UNION ALL
+      SELECT n.tenant, n.key FROM s CROSS JOIN LATERAL
+        (SELECT x.tenant, x.key FROM limit_waits AS x
+          WHERE x.handler = $1 AND x.kind = $2 AND (x.tenant, x.key) > (s.tenant, s.key)
+          ORDER BY x.tenant, x.key LIMIT 1) AS n)
+    SELECT s.tenant, s.key FROM s LIMIT $3) AS s;
+  IF w_tenant IS NULL THEN
+    RETURN;
+  END IF;
+  RETURN QUERY SELECT w.tenant, w.id, NULL::text, NULL::text
+    FROM wake_scopes(array_fill($2, ARRAY[cardinality(w_tenant)]),
+                     array_fill($1, ARRAY[cardinality(w_tenant)]), w_tenant, w_key, 1000) AS w;
+  IF cardinality(w_tenant) >= $3 THEN
+    RETURN QUERY SELECT NULL::text, NULL::uuid, w_tenant[cardinality(w_tenant)],
+                        w_key[cardinality(w_key)];
+  END IF;
+END$function$
+;
+CREATE OR REPLACE FUNCTION herald.wake_scope(smallint, text, text, text, integer)
+ RETURNS TABLE(tenant text, id uuid)
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET enable_bitmapscan TO 'off'
+ SET enable_hashjoin TO 'off'
+ SET enable_mergejoin TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+ SET search_path TO 'herald', 'pg_catalog'
+AS $function$#variable_conflict use_column
+DECLARE
+  want integer := $5;
+  asked integer;
+  picked uuid[];
+  woke uuid[];
+  tenants text[];
+BEGIN
+  WHILE want > 0 LOOP
+    asked := want;
+    WITH p AS (
+        DELETE FROM limit_waits AS w
+         WHERE (w.handler, w.kind, w.tenant, w.key, w.seq) IN
+               (SELECT x.handler, x.kind, x.tenant, x.key, x.seq FROM limit_waits AS x
+                 WHERE x.handler = $2 AND x.kind = $1 AND x.tenant = $3 AND x.key = $4
+                 ORDER BY x.seq LIMIT want)
+        RETURNING w.event_id)
+    SELECT coalesce(array_agg(p.event_id), '{}') INTO picked FROM p;
+    EXIT WHEN cardinality(picked) = 0;
+    WITH u AS (
+      UPDATE events AS e
+         SET notified_at = greatest(e.run_at, (SELECT floor(date_part('epoch', now()) * 1000)::bigint))
+       WHERE e.id = ANY(ARRAY(SELECT x.id FROM events AS x
+                              WHERE x.id = ANY(picked) AND x.state = 0
+                                AND x.notified_at = 9223372036854775807
+                              FOR UPDATE SKIP LOCKED))
+         AND (e.state + 0) = 0
+      RETURNING e.id, e.tenant)
+    SELECT array_agg(u.id), array_agg(u.tenant) INTO woke, tenants FROM u;
+    IF woke IS NOT NULL THEN
+      RETURN QUERY SELECT t, i FROM unnest(tenants, woke) AS z(t, i);
+      want := want - cardinality(woke);
+    END IF;
+    EXIT WHEN cardinality(picked) < asked;
+  END LOOP;
+END$function$
+;
+CREATE OR REPLACE FUNCTION herald.wake_scopes(smallint[], text[], text[], text[], integer)
+ RETURNS TABLE(tenant text, id uuid)
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET enable_bitmapscan TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+ SET search_path TO 'herald', 'pg_catalog'
+AS $function$#variable_conflict use_column
+DECLARE
+  sc record;
+  room bigint;
+  now_ms bigint;
+BEGIN
+  FOR sc IN SELECT DISTINCT scope_lock_key(s.kind, s.handler, s.tenant, s.key) AS lock_key
+              FROM unnest($1, $2, $3, $4) AS s(kind, handler, tenant, key) ORDER BY 1 LOOP
+    PERFORM pg_advisory_xact_lock(1751478881, sc.lock_key);
+  END LOOP;
+  now_ms := floor(date_part('epoch', clock_timestamp()) * 1000)::bigint;
+  FOR sc IN SELECT DISTINCT s.kind, s.handler, s.tenant, s.key
+              FROM unnest($1, $2, $3, $4) AS s(kind, handler, tenant, key) LOOP
+    room := coalesce(scope_limit(sc.kind, sc.handler, sc.tenant, sc.key), $5)
+            - (SELECT count(*) FROM limit_slots AS t
+               WHERE t.handler = sc.handler AND t.kind = sc.kind AND t.tenant = sc.tenant
+                 AND t.key = sc.key AND t.expires_at > now_ms);
+    IF room > 0 THEN
+      RETURN QUERY SELECT * FROM wake_scope(sc.kind, sc.handler, sc.tenant, sc.key,
+                                            least(room, $5)::integer);
+    END IF;
+  END LOOP;
+END$function$
 ;
 
 -- meta

@@ -20,7 +20,8 @@ CREATE TABLE events (
     updated_at       INTEGER NOT NULL,
     finished_at      INTEGER,
     errors           TEXT,
-    topic            TEXT
+    topic            TEXT,
+    concurrency_key  TEXT
 ) STRICT;
 
 CREATE INDEX events_by_handler ON events (tenant, handler, state, id);
@@ -60,6 +61,46 @@ CREATE TABLE leaders (
     expires_at INTEGER NOT NULL
 ) STRICT, WITHOUT ROWID;
 
+CREATE TABLE limit_slots (
+    token      BLOB    NOT NULL,
+    kind       INTEGER NOT NULL,
+    handler    TEXT    NOT NULL,
+    tenant     TEXT    NOT NULL,
+    key        TEXT    NOT NULL,
+    event_id   BLOB    NOT NULL,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (token, kind)
+) STRICT;
+
+CREATE INDEX limit_slots_by_expiry ON limit_slots (expires_at);
+
+CREATE INDEX limit_slots_by_scope ON limit_slots (handler, kind, tenant, key, expires_at);
+-- index sqlite_autoindex_limit_slots_1 on limit_slots (automatic)
+
+CREATE TABLE limit_waits (
+    seq      INTEGER PRIMARY KEY AUTOINCREMENT,
+    handler  TEXT    NOT NULL,
+    kind     INTEGER NOT NULL,
+    tenant   TEXT    NOT NULL,
+    key      TEXT    NOT NULL,
+    event_id BLOB    NOT NULL
+) STRICT;
+
+CREATE INDEX limit_waits_by_event ON limit_waits (event_id);
+
+CREATE INDEX limit_waits_by_scope ON limit_waits (handler, kind, tenant, key, seq);
+
+CREATE TABLE limits (
+    handler    TEXT    NOT NULL,
+    kind       INTEGER NOT NULL CHECK (kind IN (0, 1, 2)),
+    tenant     TEXT    NOT NULL,
+    key        TEXT    NOT NULL,
+    running    INTEGER NOT NULL CHECK (running > 0),
+    source     TEXT    NOT NULL CHECK (source IN ('config', 'api')),
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (handler, kind, tenant, key)
+) STRICT, WITHOUT ROWID;
+
 CREATE TABLE parked (
     tenant  TEXT NOT NULL,
     handler TEXT NOT NULL,
@@ -97,6 +138,8 @@ CREATE TABLE schedules (
 ) WITHOUT ROWID;
 
 CREATE INDEX schedules_due ON schedules (next_at) WHERE paused = 0;
+
+CREATE TABLE sqlite_sequence(name,seq);
 
 CREATE TABLE subscriptions (
     topic      TEXT    NOT NULL,

@@ -36,7 +36,8 @@ CREATE TABLE events (
     run_at           bigint   NOT NULL,
     -- When a notification was last sent (or is due to be delivered) for it.
     -- 9223372036854775807 means "parked": a rule holds it, and removing the
-    -- rule re-notifies it (renotify), so the sweep does not read it.
+    -- rule re-notifies it (renotify), or a full limit holds it, and the
+    -- slot freed next wakes it (limit_waits); the sweep does not read it.
     notified_at      bigint   NOT NULL,
     -- The lease, live or expired; both NULL when there is none.
     lease_expires_at bigint,
@@ -68,6 +69,8 @@ CREATE TABLE events (
     id_key           uuid     GENERATED ALWAYS AS (id) STORED,
     -- The topic the event was emitted to; NULL for a direct emit.
     topic            text,
+    -- The concurrency key it was emitted with (limits.sql): NULL for none.
+    concurrency_key  text,
     CONSTRAINT events_attempt_check1 CHECK (attempt >= 0),
     CONSTRAINT events_max_attempts_check1 CHECK (max_attempts >= 0),
     CONSTRAINT events_state_check1 CHECK (state IN (0, 1, 2)),
@@ -161,6 +164,61 @@ CREATE INDEX events_parked ON events (tenant, handler, id_key)
 -- state is not pending; `finished_at < $x` implies the predicate.
 CREATE INDEX events_finished ON events (state, finished_at)
     WHERE finished_at IS NOT NULL;
+
+-- Concurrency limits (ADR 0017, ../sql/limits.sql): at most `running`
+-- runs at once of `handler`'s events, counted by `kind`: 0 all of them,
+-- 1 each tenant's, 2 each concurrency key's. `tenant` (kinds 1 and 2)
+-- and `key` (kind 2) name the one tenant or key the row is for, '' the
+-- default of every one without a row of its own (names and keys are
+-- never empty). `source` as for subscriptions: 'config' rows are replaced
+-- whenever herald.toml is loaded, 'api' rows kept until removed.
+CREATE TABLE limits (
+    handler    text     NOT NULL,
+    kind       smallint NOT NULL CHECK (kind IN (0, 1, 2)),
+    tenant     text     NOT NULL,
+    key        text     NOT NULL,
+    running    integer  NOT NULL CHECK (running > 0),
+    source     text     NOT NULL CHECK (source IN ('config', 'api')),
+    created_at bigint   NOT NULL,
+    PRIMARY KEY (handler, kind, tenant, key),
+    CHECK (kind > 0 OR tenant = ''),
+    CHECK (kind = 2 OR key = ''),
+    CHECK ((tenant = '') = (key = '') OR kind < 2)
+);
+
+-- The slots that runs of limited events hold: one row per run (its lease
+-- token) and limit that counts it, naming the scope it counts in (the
+-- event's own tenant and key, '' where the kind does not count them).
+-- `expires_at` is the run's lease expiry, written by the claim and the
+-- renewal with the lease: a slot whose run's worker died lapses with its
+-- lease. The settle deletes its runs' slots; the reconciler deletes lapsed
+-- ones. A scope's live slots are its rows with `expires_at` in the future.
+CREATE TABLE limit_slots (
+    token      uuid     NOT NULL,
+    kind       smallint NOT NULL,
+    handler    text     NOT NULL,
+    tenant     text     NOT NULL,
+    key        text     NOT NULL,
+    event_id   uuid     NOT NULL,
+    expires_at bigint   NOT NULL,
+    PRIMARY KEY (token, kind)
+);
+CREATE INDEX limit_slots_by_scope ON limit_slots (handler, kind, tenant, key, expires_at);
+CREATE INDEX limit_slots_by_expiry ON limit_slots (expires_at);
+
+-- The events a full limit holds, parked (notified_at = the parked value),
+-- in the order they arrived at the full scope: the settle that frees a
+-- scope's slot wakes its oldest.
+CREATE TABLE limit_waits (
+    handler  text     NOT NULL,
+    kind     smallint NOT NULL,
+    tenant   text     NOT NULL,
+    key      text     NOT NULL,
+    seq      bigint   GENERATED ALWAYS AS IDENTITY,
+    event_id uuid     NOT NULL,
+    PRIMARY KEY (handler, kind, tenant, key, seq)
+);
+CREATE INDEX limit_waits_by_event ON limit_waits (event_id);
 
 -- The (tenant, handler) pairs whose events the sweep parked. If removing the
 -- rule is not followed by its re-notification (a crash in between), the

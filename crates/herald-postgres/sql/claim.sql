@@ -44,13 +44,18 @@
 -- empty hint costs probes, never a rule. The questions read the rows'
 -- snapshot, so a pause committed before the statement began is seen
 -- either way.
+--
+-- The events of a handler that a concurrency limit names are left to
+-- claim_limited (limits.sql), called last when the two statements did not
+-- take every id and such a limit exists: a store without limits pays one
+-- probe of limits_pkey per claim, as for the rules.
 CREATE OR REPLACE FUNCTION claim(uuid[], bigint, uuid[], text[], text[]) RETURNS SETOF events
 LANGUAGE plpgsql VOLATILE
 SET enable_seqscan = off SET enable_bitmapscan = off
 SET enable_hashjoin = off SET enable_mergejoin = off
 SET plan_cache_mode = force_generic_plan SET jit = off
 SET search_path FROM CURRENT
-AS $$DECLARE taken bigint;
+AS $$DECLARE taken bigint; more bigint;
 BEGIN
   RETURN QUERY UPDATE events AS e
        SET attempt = e.attempt + 1, lease_token = $1[array_position($3, e.id)],
@@ -72,6 +77,8 @@ BEGIN
                   AND e.tenant = ANY($5))
               OR NOT EXISTS (SELECT 1 FROM rules AS r
                              WHERE r.tenant = e.tenant AND r.handler = e.handler OFFSET 0))
+         AND ((SELECT NOT EXISTS (SELECT 1 FROM limits AS l WHERE l.handler = ANY($4)))
+              OR NOT EXISTS (SELECT 1 FROM limits AS l WHERE l.handler = e.handler OFFSET 0))
        RETURNING e.*;
   GET DIAGNOSTICS taken = ROW_COUNT;
   IF taken < cardinality($3) THEN
@@ -93,20 +100,31 @@ BEGIN
                     AND e.tenant = ANY($5))
                 OR NOT EXISTS (SELECT 1 FROM rules AS r
                                WHERE r.tenant = e.tenant AND r.handler = e.handler OFFSET 0))
+           AND ((SELECT NOT EXISTS (SELECT 1 FROM limits AS l WHERE l.handler = ANY($4)))
+                OR NOT EXISTS (SELECT 1 FROM limits AS l WHERE l.handler = e.handler OFFSET 0))
          RETURNING e.*;
+    GET DIAGNOSTICS more = ROW_COUNT;
+    taken := taken + more;
+  END IF;
+  IF taken < cardinality($3) AND EXISTS (SELECT 1 FROM limits AS l WHERE l.handler = ANY($4)) THEN
+    RETURN QUERY SELECT * FROM claim_limited($1, $2, $3, $4, $5);
   END IF;
 END$$;
 
--- Events by id with their rules, and the clock (one row with a NULL event
--- when none is found). VOLATILE, as every function here that reads
--- events: a STABLE function reads with its caller's snapshot, which can
--- predate a turn of the ring, and would miss the events the turn moved.
+-- Events by id with their rules, the clock (one row with a NULL event
+-- when none is found), and, for an event that a full limit holds (parked,
+-- with a row in limit_waits), the scope it waits for, the scope's live
+-- slots and its limit now (NULL when the limit is gone). VOLATILE, as every
+-- function here that reads events: a STABLE function reads with its
+-- caller's snapshot, which can predate a turn of the ring, and would miss
+-- the events the turn moved.
 CREATE OR REPLACE FUNCTION inspect(uuid[])
 RETURNS TABLE (now bigint, id uuid, tenant text, handler text, payload text, state smallint,
                run_at bigint, attempt integer, max_attempts integer, lease_token uuid,
                lease_expires_at bigint, last_error text, idempotency_key text,
-               created_at bigint, updated_at bigint, topic text, blocked boolean,
-               paused boolean)
+               created_at bigint, updated_at bigint, topic text, concurrency_key text,
+               blocked boolean, paused boolean, wait_kind smallint, wait_tenant text,
+               wait_key text, wait_running bigint, wait_limit integer)
 LANGUAGE plpgsql VOLATILE
 SET enable_seqscan = off SET enable_bitmapscan = off
 SET enable_hashjoin = off SET enable_mergejoin = off
@@ -115,16 +133,30 @@ SET jit = off
 SET search_path FROM CURRENT
 AS $$BEGIN RETURN QUERY SELECT c.now, e.id, e.tenant, e.handler, e.payload, e.state, e.run_at,
        e.attempt, e.max_attempts, e.lease_token, e.lease_expires_at, e.last_error,
-       e.idempotency_key, e.created_at, e.updated_at, e.topic,
+       e.idempotency_key, e.created_at, e.updated_at, e.topic, e.concurrency_key,
        EXISTS (SELECT 1 FROM rules AS r WHERE r.tenant = e.tenant
                AND r.handler = e.handler AND r.kind = 'block'),
        EXISTS (SELECT 1 FROM rules AS r WHERE r.tenant = e.tenant
-               AND r.handler = e.handler AND r.kind = 'pause')
+               AND r.handler = e.handler AND r.kind = 'pause'),
+       w.kind, w.tenant, w.key,
+       (SELECT count(*) FROM limit_slots AS t
+        WHERE t.handler = w.handler AND t.kind = w.kind AND t.tenant = w.tenant
+          AND t.key = w.key AND t.expires_at > c.now),
+       (SELECT l.running FROM limits AS l
+        WHERE l.handler = w.handler AND l.kind = w.kind
+          AND (l.tenant = w.tenant OR l.tenant = '') AND (l.key = w.key OR l.key = '')
+        ORDER BY l.tenant DESC, l.key DESC LIMIT 1)
      FROM (SELECT floor(date_part('epoch', pg_catalog.now()) * 1000)::bigint AS now) AS c
-     LEFT JOIN events AS e ON e.id = ANY($1); END$$;
+     LEFT JOIN events AS e ON e.id = ANY($1)
+     LEFT JOIN LATERAL (SELECT x.handler, x.kind, x.tenant, x.key FROM limit_waits AS x
+                        WHERE x.event_id = e.id AND e.notified_at = 9223372036854775807
+                        ORDER BY x.seq DESC LIMIT 1) AS w ON true; END$$;
 
 -- Extends held leases: $1 lease in ms, $2 ids (sorted), $3 tokens, $4
 -- positions. A HOT update. Returns the positions whose lease was held.
+-- The slots of limited runs (limit_slots) whose lease it extended get the
+-- same expiry: a slot lasts as long as its run's lease. A store where no
+-- run holds a slot pays one probe of limit_slots_pkey per token.
 CREATE OR REPLACE FUNCTION renew(bigint, uuid[], uuid[], int4[]) RETURNS SETOF int4
 LANGUAGE plpgsql VOLATILE
 SET enable_seqscan = off SET enable_bitmapscan = off
@@ -151,5 +183,12 @@ BEGIN
            AND e.leaf = 0
            AND e.lease_token = s.token AND (e.state + 0) = 0
          RETURNING s.ord;
+  END IF;
+  IF EXISTS (SELECT 1 FROM limit_slots AS t WHERE t.token = ANY($3)) THEN
+    UPDATE limit_slots AS t
+       SET expires_at = (SELECT floor(date_part('epoch', now()) * 1000)::bigint) + $1
+     WHERE t.token = ANY($3)
+       AND EXISTS (SELECT 1 FROM events AS e
+                   WHERE e.id = t.event_id AND e.lease_token = t.token AND e.state = 0);
   END IF;
 END$$;

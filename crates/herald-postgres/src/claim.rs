@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use herald::backend::{Inspected, Inspection};
-use herald::{Event, Millis, RuleMatch};
+use herald::{Event, LimitKind, LimitScope, LimitWait, Millis, RuleMatch};
 use sqlx::Row;
 use uuid::Uuid;
 
@@ -55,11 +55,38 @@ impl PgStore {
             };
             let blocked: bool = r.try_get(1 + EVENT_COLUMN_COUNT).ctx(OP)?;
             let paused: bool = r.try_get(2 + EVENT_COLUMN_COUNT).ctx(OP)?;
+            let waiting = waiting(r, 3 + EVENT_COLUMN_COUNT, &ev.handler).ctx(OP)?;
             found.push(Inspected {
                 event: ev,
                 rules: RuleMatch { blocked, paused },
+                waiting,
             });
         }
         Ok(Inspection { found, now })
     }
+}
+
+/// Reads inspect's wait columns from `at`: the scope a parked event waits
+/// for, its live slots and its limit (`None`: the event is not waiting).
+fn waiting(
+    r: &sqlx::postgres::PgRow,
+    at: usize,
+    handler: &str,
+) -> Result<Option<LimitWait>, sqlx::Error> {
+    let Some(kind) = r.try_get::<Option<i16>, _>(at)? else {
+        return Ok(None);
+    };
+    let Some(kind) = LimitKind::from_code(kind.into()) else {
+        return Ok(None);
+    };
+    let tenant: String = r.try_get(at + 1)?;
+    let key: String = r.try_get(at + 2)?;
+    let running: Option<i64> = r.try_get(at + 3)?;
+    let limit: Option<i32> = r.try_get(at + 4)?;
+    Ok(Some(LimitWait {
+        handler: handler.to_string(),
+        scope: LimitScope::from_names(kind, &tenant, &key),
+        running: u32::try_from(running.unwrap_or(0)).unwrap_or(u32::MAX),
+        limit: u32::try_from(limit.unwrap_or(0)).unwrap_or(0),
+    }))
 }

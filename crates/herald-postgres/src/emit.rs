@@ -138,6 +138,12 @@ impl PgStore {
                 )
                 .bind(batch.iter().map(|e| e.topic.as_deref()).collect::<Vec<_>>())
                 .bind(batch.iter().map(|e| run_at(e).1).collect::<Vec<_>>())
+                .bind(
+                    batch
+                        .iter()
+                        .map(|e| e.concurrency_key.as_deref())
+                        .collect::<Vec<_>>(),
+                )
                 .fetch_all(&mut *conn)
                 .await
                 .ctx(OP)?
@@ -314,6 +320,7 @@ mod tests {
     #[test]
     fn after_a_retry_an_event_found_under_its_own_id_counts_as_created() {
         let e = |key: Option<&str>| NewEvent {
+            concurrency_key: None,
             id: EventId::new(),
             tenant: "t".into(),
             handler: "h".into(),

@@ -35,6 +35,7 @@ mod admin;
 mod claim;
 mod emit;
 mod leaders;
+mod limits;
 mod pool;
 mod reads;
 mod retry;

@@ -20,6 +20,7 @@ const FUNCTIONS: &[(&str, &str)] = &[
     ("sql/rules.sql", include_str!("../sql/rules.sql")),
     ("sql/sweep.sql", include_str!("../sql/sweep.sql")),
     ("sql/ring.sql", include_str!("../sql/ring.sql")),
+    ("sql/limits.sql", include_str!("../sql/limits.sql")),
 ];
 
 /// The newest schema version this build knows.

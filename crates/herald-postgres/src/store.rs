@@ -6,11 +6,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use herald::backend::{
     CountsQuery, EventFilter, EventStore, HandlerCounts, Inspection, LeaderElection, LeaseRef,
-    Operator, Reconciliation, Rules, Scheduled, Schedules, Settle, StoreResult, SubscriptionSync,
-    SweepPage, SweepPass, Topics, KEY_PURGE_PAGE, KEY_PURGE_PAGES,
+    Limits, Operator, Reconciliation, Rules, Scheduled, Schedules, Settle, Settled, StoreResult,
+    SubscriptionSync, SweepPage, SweepPass, Topics, WakePage, KEY_PURGE_PAGE, KEY_PURGE_PAGES,
 };
 use herald::{
-    AttemptError, Emitted, Event, EventId, Leadership, NewEvent, Rule, RuleMatch, Subscription,
+    AttemptError, Emitted, Event, EventId, Leadership, Limit, LimitKind, LimitScope, NewEvent,
+    Rule, RuleMatch, StoreError, StoredLimit, Subscription,
 };
 
 use herald::schedule::{DueSchedules, Schedule, ScheduleFiring};
@@ -68,7 +69,7 @@ impl EventStore for PgStore {
         retry("inspect", || self.inspect_once(&ids)).await
     }
 
-    async fn settle(&self, batch: &[Settle]) -> StoreResult<Vec<bool>> {
+    async fn settle(&self, batch: &[Settle]) -> StoreResult<Settled> {
         let mut held = vec![false; batch.len()];
         // One statement per kind, each item at its batch position; rows are
         // taken in id order, as claims take them.
@@ -85,7 +86,21 @@ impl EventStore for PgStore {
                 held[i] = true;
             }
         }
-        Ok(held)
+        // The slots of the runs that ended: a separate statement, so a
+        // crash in between leaves them to lapse with the lease (the
+        // reconciler frees them then), never to count a run twice.
+        let mut ended: Vec<uuid::Uuid> = batch
+            .iter()
+            .zip(&held)
+            .filter_map(|(s, &h)| if h { s.token.map(|t| t.0) } else { None })
+            .collect();
+        ended.sort_unstable();
+        let woken = if ended.is_empty() {
+            Vec::new()
+        } else {
+            retry("settle", || self.free_slots_once(&ended)).await?
+        };
+        Ok(Settled { held, woken })
     }
 
     async fn renew(&self, leases: &[LeaseRef], lease: Duration) -> StoreResult<Vec<bool>> {
@@ -99,6 +114,42 @@ impl EventStore for PgStore {
             held[i] = true;
         }
         Ok(held)
+    }
+}
+
+#[async_trait]
+impl Limits for PgStore {
+    async fn set_limit(&self, limit: &Limit) -> StoreResult<bool> {
+        limit.check().map_err(StoreError::Invalid)?;
+        retry("set_limit", || self.set_limit_once(limit)).await
+    }
+
+    async fn remove_limit(&self, handler: &str, scope: &LimitScope) -> StoreResult<bool> {
+        retry("remove_limit", || self.remove_limit_once(handler, scope)).await
+    }
+
+    async fn limits(&self, handler: Option<&str>) -> StoreResult<Vec<StoredLimit>> {
+        retry("limits", || self.limits_once(handler)).await
+    }
+
+    async fn sync_limits(&self, declared: &[Limit]) -> StoreResult<Vec<(String, LimitKind)>> {
+        for l in declared {
+            l.check().map_err(StoreError::Invalid)?;
+        }
+        retry("sync_limits", || self.sync_limits_once(declared)).await
+    }
+
+    async fn wake_limit(
+        &self,
+        handler: &str,
+        kind: LimitKind,
+        after: Option<(String, String)>,
+        scopes: usize,
+    ) -> StoreResult<WakePage> {
+        retry("wake_limit", || {
+            self.wake_limit_once(handler, kind, after.as_ref(), scopes)
+        })
+        .await
     }
 }
 
@@ -165,6 +216,10 @@ impl Topics for PgStore {
 
 #[async_trait]
 impl Reconciliation for PgStore {
+    async fn lapse_slots(&self, limit: usize) -> StoreResult<Vec<Scheduled>> {
+        retry("lapse_slots", || self.lapse_slots_once(limit)).await
+    }
+
     async fn sweep(
         &self,
         quiet: Duration,

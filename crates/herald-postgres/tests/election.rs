@@ -72,7 +72,7 @@ impl EventStore for SweepSpy {
         self.inner.inspect(ids).await
     }
 
-    async fn settle(&self, batch: &[Settle]) -> StoreResult<Vec<bool>> {
+    async fn settle(&self, batch: &[Settle]) -> StoreResult<herald::backend::Settled> {
         self.inner.settle(batch).await
     }
 
@@ -136,7 +136,43 @@ impl Topics for SweepSpy {
 }
 
 #[async_trait]
+impl herald::backend::Limits for SweepSpy {
+    async fn set_limit(&self, limit: &herald::Limit) -> StoreResult<bool> {
+        self.inner.set_limit(limit).await
+    }
+
+    async fn remove_limit(&self, handler: &str, scope: &herald::LimitScope) -> StoreResult<bool> {
+        self.inner.remove_limit(handler, scope).await
+    }
+
+    async fn limits(&self, handler: Option<&str>) -> StoreResult<Vec<herald::StoredLimit>> {
+        self.inner.limits(handler).await
+    }
+
+    async fn sync_limits(
+        &self,
+        declared: &[herald::Limit],
+    ) -> StoreResult<Vec<(String, herald::LimitKind)>> {
+        self.inner.sync_limits(declared).await
+    }
+
+    async fn wake_limit(
+        &self,
+        handler: &str,
+        kind: herald::LimitKind,
+        after: Option<(String, String)>,
+        scopes: usize,
+    ) -> StoreResult<herald::backend::WakePage> {
+        self.inner.wake_limit(handler, kind, after, scopes).await
+    }
+}
+
+#[async_trait]
 impl Reconciliation for SweepSpy {
+    async fn lapse_slots(&self, limit: usize) -> StoreResult<Vec<Scheduled>> {
+        self.inner.lapse_slots(limit).await
+    }
+
     async fn sweep(
         &self,
         quiet: Duration,
@@ -346,6 +382,7 @@ impl Drop for Reaper {
 /// Stores one due event of the `slow` handler, without notifying it.
 async fn emit_slow(store: &PgStore) -> NewEvent {
     let e = NewEvent {
+        concurrency_key: None,
         id: EventId::new(),
         tenant: "acme".into(),
         handler: "slow".into(),

@@ -15,6 +15,7 @@ use sqlx::{Connection, Executor, PgConnection};
 
 fn event(handler: &str, run_in: Duration) -> NewEvent {
     NewEvent {
+        concurrency_key: None,
         id: EventId::new(),
         tenant: "t".into(),
         handler: handler.into(),
@@ -168,7 +169,7 @@ async fn events_of_every_kind_outlive_their_leaf_unchanged() {
         ])
         .await
         .unwrap();
-    assert_eq!(held, vec![true; 3]);
+    assert_eq!(held.held, vec![true; 3]);
     let before: Vec<_> = stored_now(&store, &all).await;
 
     turn_around(&store).await;
@@ -217,7 +218,8 @@ async fn events_of_every_kind_outlive_their_leaf_unchanged() {
         store
             .settle(&[settle(running.id, Finish::Delete)])
             .await
-            .unwrap(),
+            .unwrap()
+            .held,
         vec![true]
     );
     assert!(store.get(running.id).await.unwrap().is_none());
@@ -401,7 +403,10 @@ async fn a_held_snapshot_does_not_keep_retired_leaves() {
             finish: Finish::Delete,
         })
         .collect();
-    assert_eq!(store.settle(&done).await.unwrap(), vec![true; ids.len()]);
+    assert_eq!(
+        store.settle(&done).await.unwrap().held,
+        vec![true; ids.len()]
+    );
     assert!(ring_bytes(&store).await > 0, "the dead rows take room");
     turn_around(&store).await;
     assert_eq!(ring_bytes(&store).await, 0, "freed under the held snapshot");
@@ -530,7 +535,7 @@ async fn claims_and_settles_racing_turns_find_every_event() {
             .collect();
         let held = store.settle(&settles).await.expect("settle");
         assert!(
-            held.iter().all(|h| *h),
+            held.held.iter().all(|h| *h),
             "a settle missed its event: {held:?}"
         );
         for e in &got {
@@ -602,7 +607,7 @@ async fn a_retire_truncates_only_a_leaf_that_held_rows() {
         }])
         .await
         .expect("settle");
-    assert_eq!(held, vec![true]);
+    assert_eq!(held.held, vec![true]);
     let before = leaf_files(&store).await;
     assert!(before[&used].1 > 0, "the used leaf has a page: {before:?}");
     turn_around(&store).await;

@@ -20,6 +20,7 @@ use sqlx::postgres::PgPoolOptions;
 
 fn event() -> NewEvent {
     NewEvent {
+        concurrency_key: None,
         id: EventId::new(),
         tenant: "acme".into(),
         handler: "h".into(),
@@ -104,7 +105,10 @@ async fn one_round(store: &PgStore, schema: &TestSchema) -> Vec<(String, String)
             finish,
         })
         .collect();
-    assert_eq!(store.settle(&batch).await.expect("settle"), vec![true; 4]);
+    assert_eq!(
+        store.settle(&batch).await.expect("settle").held,
+        vec![true; 4]
+    );
     store.emit(&[event()]).await.expect("emit after");
     let mut seen = commits(store, schema).await;
     seen.sort();

@@ -61,6 +61,7 @@ async fn sweep(store: &PgStore, quiet: Duration, limit: usize) -> Vec<Scheduled>
 
 fn new_event(tenant: &str, handler: &str) -> NewEvent {
     NewEvent {
+        concurrency_key: None,
         id: EventId::new(),
         tenant: tenant.into(),
         handler: handler.into(),
@@ -603,7 +604,7 @@ async fn a_lease_expires_by_the_database_clock_and_the_event_is_claimable_again(
         token: Some(first),
         finish: Finish::Delete,
     };
-    assert_eq!(f.store.settle(&[late]).await.unwrap(), vec![false]);
+    assert_eq!(f.store.settle(&[late]).await.unwrap().held, vec![false]);
     // inspect reports the database's clock, which judged the expiry.
     let seen = f.store.inspect(&[id]).await.unwrap();
     let db_now: i64 = f
@@ -710,7 +711,7 @@ async fn settle_reports_each_item_of_a_mixed_batch_in_order() {
         });
         expect.push(good);
     }
-    assert_eq!(f.store.settle(&batch).await.unwrap(), expect);
+    assert_eq!(f.store.settle(&batch).await.unwrap().held, expect);
 }
 
 // ---------------------------------------------------------------- renew
@@ -758,7 +759,7 @@ async fn heartbeats_and_settles_of_the_same_runs_do_not_deadlock() {
             })
             .collect();
         let out = f.store.settle(&batch).await.unwrap();
-        settled += out.iter().filter(|b| **b).count();
+        settled += out.held.iter().filter(|b| **b).count();
     }
     renewer.await.unwrap();
     assert_eq!(settled, 300);

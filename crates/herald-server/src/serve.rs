@@ -209,15 +209,17 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
     if tokens.is_open() {
         tracing::warn!(%addr, "no API token is configured: anyone who can connect to this loopback address acts as the operator; set auth.operator_token_sha256 to require a token");
     }
+    let client = Client::new(store.clone(), queue.clone())
+        .max_payload(config.max_payload_bytes)
+        .notify_linger(config.notify_linger)
+        .notify_publishes(config.notify_publishes)
+        .notify_wait(config.notify_wait)
+        .emit_timeout(config.emit_timeout)
+        .group_commit(config.group_commit_writes);
+    apply_limits(&client, &config).await?;
     let state = Arc::new(api::AppState {
         schedules: store.clone(),
-        client: Client::new(store.clone(), queue.clone())
-            .max_payload(config.max_payload_bytes)
-            .notify_linger(config.notify_linger)
-            .notify_publishes(config.notify_publishes)
-            .notify_wait(config.notify_wait)
-            .emit_timeout(config.emit_timeout)
-            .group_commit(config.group_commit_writes),
+        client: client.clone(),
         tokens,
         tracker,
         metrics,
@@ -248,7 +250,7 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
     let first = loop {
         tokio::select! {
             s = signals.next() => break s,
-            _ = hangup.recv() => reload(store.as_ref(), &overrides).await,
+            _ = hangup.recv() => reload(store.as_ref(), &client, &overrides).await,
             r = &mut server => {
                 let reason = match r {
                     Ok(Ok(())) => "it stopped".to_string(),
@@ -404,6 +406,28 @@ async fn apply_declared(store: &dyn Store, config: &ServeConfig) -> Result<(), S
     apply_schedules(store, config).await
 }
 
+/// Writes the configuration's `[handlers.NAME.limit]` to the store,
+/// replacing those an earlier start or reload took from the file, and
+/// notifies the events that a raised or removed limit lets run.
+async fn apply_limits(client: &Client, config: &ServeConfig) -> Result<(), ServeError> {
+    client
+        .sync_limits(&config.run_limits)
+        .await
+        .map_err(|e| match e {
+            herald::ClientError::Store(e) => ServeError::Store(e),
+            other => ServeError::Config(ConfigError::invalid(
+                config.origin(),
+                "handlers",
+                other.to_string(),
+            )),
+        })?;
+    tracing::info!(
+        declared = config.run_limits.len(),
+        "configuration's limits applied"
+    );
+    Ok(())
+}
+
 /// Writes the configuration's `[[schedules]]` to the store.
 async fn apply_schedules(store: &dyn Schedules, config: &ServeConfig) -> Result<(), ServeError> {
     let applied = schedules::apply(store, &config.schedules, config.max_payload_bytes)
@@ -428,12 +452,17 @@ async fn apply_schedules(store: &dyn Schedules, config: &ServeConfig) -> Result<
 /// SIGHUP: reads the configuration again and applies its subscriptions
 /// and schedules. A configuration that is refused changes nothing (the
 /// error is logged); other keys take effect on the next start.
-async fn reload(store: &dyn Store, overrides: &config::Overrides) {
-    tracing::info!("SIGHUP: reading the configuration again for its subscriptions and schedules");
+async fn reload(store: &dyn Store, client: &Client, overrides: &config::Overrides) {
+    tracing::info!(
+        "SIGHUP: reading the configuration again for its subscriptions, schedules and limits"
+    );
     match config::load(overrides, &|k| std::env::var(k).ok()) {
         Ok(config) => {
             if let Err(e) = apply_declared(store, &config).await {
                 tracing::error!(error = %escaped(&e), "the configuration's subscriptions and schedules could not be applied");
+            }
+            if let Err(e) = apply_limits(client, &config).await {
+                tracing::error!(error = %escaped(&e), "the configuration's limits could not be applied");
             }
         }
         Err(e) => {

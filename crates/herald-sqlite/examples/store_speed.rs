@@ -36,6 +36,7 @@ async fn main() {
     for _ in 0..EVENTS / EMIT_BATCH {
         let batch: Vec<NewEvent> = (0..EMIT_BATCH)
             .map(|i| NewEvent {
+                concurrency_key: None,
                 id: EventId::new(),
                 tenant: format!("tenant-{}", i % 10),
                 handler: "bench".into(),
@@ -88,7 +89,7 @@ async fn main() {
                     })
                     .collect();
                 let ok = store.settle(&settle).await.unwrap();
-                done += ok.iter().filter(|b| **b).count();
+                done += ok.held.iter().filter(|b| **b).count();
             }
             done
         }));

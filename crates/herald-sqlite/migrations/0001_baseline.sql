@@ -38,7 +38,8 @@ CREATE TABLE events (
     lease_expires_at INTEGER,
     -- When a notification was last sent (or is due to be delivered) for it.
     -- 9223372036854775807 means "parked": a rule holds it, and removing the
-    -- rule re-notifies it (renotify_page), so the sweep does not read it.
+    -- rule re-notifies it (renotify_page), or a full limit holds it, and the
+    -- slot freed next wakes it (limit_waits); the sweep does not read it.
     notified_at      INTEGER NOT NULL,
     idempotency_key  TEXT,
     last_error       TEXT,
@@ -53,7 +54,9 @@ CREATE TABLE events (
     errors           TEXT,
     -- The topic the event was emitted to; NULL for a direct emit. No index:
     -- no hot statement filters on it.
-    topic            TEXT
+    topic            TEXT,
+    -- The concurrency key it was emitted with (limits.rs); NULL for none.
+    concurrency_key  TEXT
 ) STRICT;
 
 -- Per (tenant, handler, state): unpause/unblock paging (renotify_page),
@@ -176,3 +179,50 @@ CREATE TABLE idempotency_keys (
 ) WITHOUT ROWID;
 
 CREATE INDEX idempotency_keys_by_age ON idempotency_keys (stored_at);
+
+-- Concurrency limits (ADR 0017, src/limits.rs): at most `running` runs at
+-- once of `handler`'s events, counted by `kind`: 0 all of them, 1 each
+-- tenant's, 2 each concurrency key's. `tenant` (kinds 1 and 2) and `key`
+-- (kind 2) name the one tenant or key the row is for, '' the default of
+-- every one without a row of its own. `source`: 'config' rows are replaced
+-- whenever herald.toml is loaded, 'api' rows kept until removed.
+CREATE TABLE limits (
+    handler    TEXT    NOT NULL,
+    kind       INTEGER NOT NULL CHECK (kind IN (0, 1, 2)),
+    tenant     TEXT    NOT NULL,
+    key        TEXT    NOT NULL,
+    running    INTEGER NOT NULL CHECK (running > 0),
+    source     TEXT    NOT NULL CHECK (source IN ('config', 'api')),
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (handler, kind, tenant, key)
+) STRICT, WITHOUT ROWID;
+
+-- The slots that runs of limited events hold: one row per run (its lease
+-- token) and limit that counts it, naming the scope it counts in. It
+-- expires with the run's lease (the claim and the renewal write both);
+-- the settle deletes its runs' slots, the reconciler lapsed ones.
+CREATE TABLE limit_slots (
+    token      BLOB    NOT NULL,
+    kind       INTEGER NOT NULL,
+    handler    TEXT    NOT NULL,
+    tenant     TEXT    NOT NULL,
+    key        TEXT    NOT NULL,
+    event_id   BLOB    NOT NULL,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (token, kind)
+) STRICT;
+CREATE INDEX limit_slots_by_scope ON limit_slots (handler, kind, tenant, key, expires_at);
+CREATE INDEX limit_slots_by_expiry ON limit_slots (expires_at);
+
+-- The events a full limit holds, parked, in the order they arrived at the
+-- full scope: the settle that frees a slot of the scope wakes its oldest.
+CREATE TABLE limit_waits (
+    seq      INTEGER PRIMARY KEY AUTOINCREMENT,
+    handler  TEXT    NOT NULL,
+    kind     INTEGER NOT NULL,
+    tenant   TEXT    NOT NULL,
+    key      TEXT    NOT NULL,
+    event_id BLOB    NOT NULL
+) STRICT;
+CREATE INDEX limit_waits_by_scope ON limit_waits (handler, kind, tenant, key, seq);
+CREATE INDEX limit_waits_by_event ON limit_waits (event_id);

@@ -44,7 +44,8 @@ pub(crate) const CLAIM_ONE_SQL: &str = "UPDATE events \
        AND NOT EXISTS (SELECT 1 FROM rules r \
                        WHERE r.tenant = events.tenant AND r.handler = events.handler) \
      RETURNING id, tenant, handler, payload, state, run_at, attempt, max_attempts, \
-       lease_token, lease_expires_at, last_error, idempotency_key, created_at, updated_at, topic";
+       lease_token, lease_expires_at, last_error, idempotency_key, created_at, updated_at, topic, \
+       concurrency_key";
 
 /// The happy path in one statement for a batch: pending, due, unleased or
 /// expired, attempts left, a handler this worker has, no rule. `?1` new
@@ -65,7 +66,8 @@ pub(crate) const CLAIM_BATCH_SQL: &str = "UPDATE events \
        AND NOT EXISTS (SELECT 1 FROM rules r \
                        WHERE r.tenant = events.tenant AND r.handler = events.handler) \
      RETURNING id, tenant, handler, payload, state, run_at, attempt, max_attempts, \
-       lease_token, lease_expires_at, last_error, idempotency_key, created_at, updated_at, topic";
+       lease_token, lease_expires_at, last_error, idempotency_key, created_at, updated_at, topic, \
+       concurrency_key";
 
 /// [`herald::backend::EventStore::claim`] of up to [`CLAIM_ONE_BY_ONE`] ids: per id, the
 /// handler check, then the compare-and-set.
@@ -151,9 +153,11 @@ pub(crate) fn inspect(conn: &Connection, now: Millis, ids: &[EventId]) -> StoreR
                 m
             }
         };
+        let waiting = crate::limits::waiting(conn, now, ev.id, &ev.handler)?;
         found.push(Inspected {
             event: ev,
             rules: m,
+            waiting,
         });
     }
     Ok(Inspection { found, now })

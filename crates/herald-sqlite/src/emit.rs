@@ -40,8 +40,9 @@ pub(crate) fn emit(
     let mut insert = conn
         .prepare_cached(
             "INSERT INTO events (id, tenant, handler, payload, state, run_at, attempt, \
-                       max_attempts, notified_at, idempotency_key, created_at, updated_at, topic) \
-                     VALUES (?1, ?2, ?3, ?4, 0, ?5, 0, ?6, ?5, ?7, ?8, ?8, ?9) \
+                       max_attempts, notified_at, idempotency_key, created_at, updated_at, topic, \
+                       concurrency_key) \
+                     VALUES (?1, ?2, ?3, ?4, 0, ?5, 0, ?6, ?5, ?7, ?8, ?8, ?9, ?10) \
                      ON CONFLICT (id) DO NOTHING",
         )
         .ctx(OP)?;
@@ -79,6 +80,7 @@ pub(crate) fn emit(
                 e.idempotency_key,
                 now.0,
                 e.topic,
+                e.concurrency_key,
             ])
             .ctx(OP)?;
         if let (1, Some(key)) = (n, &e.idempotency_key) {

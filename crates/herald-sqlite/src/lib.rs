@@ -25,6 +25,7 @@ mod admin;
 mod claim;
 mod emit;
 mod leaders;
+mod limits;
 mod reads;
 mod rows;
 mod rules;

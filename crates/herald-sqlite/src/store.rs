@@ -7,17 +7,19 @@ use std::time::Duration;
 use async_trait::async_trait;
 use herald::backend::{
     CountsQuery, EventFilter, EventStore, HandlerCounts, Inspection, LeaderElection, LeaseRef,
-    Operator, Reconciliation, Rules, Scheduled, Schedules, Settle, StoreResult, SubscriptionSync,
-    SweepPage, SweepPass, Topics, KEY_PURGE_PAGE, KEY_PURGE_PAGES,
+    Limits, Operator, Reconciliation, Rules, Scheduled, Schedules, Settle, Settled, StoreResult,
+    SubscriptionSync, SweepPage, SweepPass, Topics, WakePage, KEY_PURGE_PAGE, KEY_PURGE_PAGES,
 };
 use herald::schedule::{DueSchedules, Schedule, ScheduleFiring};
 use herald::{
-    AttemptError, Emitted, Event, EventId, Leadership, NewEvent, Rule, RuleMatch, Subscription,
+    AttemptError, Emitted, Event, EventId, Leadership, Limit, LimitKind, LimitScope, LimitSource,
+    NewEvent, Rule, RuleMatch, StoredLimit, Subscription,
 };
 use rusqlite::types::Value;
 
 use crate::{
-    admin, claim, emit, leaders, reads, rules, schedules, settle, sweep, topics, SqliteStore,
+    admin, claim, emit, leaders, limits, reads, rules, schedules, settle, sweep, topics,
+    SqliteStore,
 };
 
 #[async_trait]
@@ -45,14 +47,16 @@ impl EventStore for SqliteStore {
             let handlers: Vec<Value> = handlers.iter().cloned().map(Value::Text).collect();
             return self
                 .call("claim", move |conn, now| {
-                    claim::batch(conn, now, &leases, &handlers, lease)
+                    let claimed = claim::batch(conn, now, &leases, &handlers, lease)?;
+                    limits::admit(conn, now, claimed)
                 })
                 .await;
         }
         let leases = leases.to_vec();
         let handlers: HashSet<String> = handlers.iter().cloned().collect();
         self.call("claim", move |conn, now| {
-            claim::one_by_one(conn, now, &leases, &handlers, lease)
+            let claimed = claim::one_by_one(conn, now, &leases, &handlers, lease)?;
+            limits::admit(conn, now, claimed)
         })
         .await
     }
@@ -63,16 +67,35 @@ impl EventStore for SqliteStore {
             .await
     }
 
-    async fn settle(&self, batch: &[Settle]) -> StoreResult<Vec<bool>> {
+    async fn settle(&self, batch: &[Settle]) -> StoreResult<Settled> {
         let batch = batch.to_vec();
-        self.call("settle", move |conn, now| settle::settle(conn, now, &batch))
-            .await
+        self.call("settle", move |conn, now| {
+            let held = settle::settle(conn, now, &batch)?;
+            let ended: Vec<LeaseRef> = batch
+                .iter()
+                .zip(&held)
+                .filter_map(|(s, &h)| {
+                    h.then_some(s)
+                        .and_then(|s| s.token.map(|token| LeaseRef { id: s.id, token }))
+                })
+                .collect();
+            let woken = limits::free(conn, now, &ended)?;
+            Ok(Settled { held, woken })
+        })
+        .await
     }
 
     async fn renew(&self, leases: &[LeaseRef], lease: Duration) -> StoreResult<Vec<bool>> {
         let leases = leases.to_vec();
         self.call("renew", move |conn, now| {
-            settle::renew(conn, now, &leases, lease)
+            let held = settle::renew(conn, now, &leases, lease)?;
+            let renewed: Vec<LeaseRef> = leases
+                .iter()
+                .zip(&held)
+                .filter_map(|(l, &h)| h.then_some(*l))
+                .collect();
+            limits::renew(conn, &renewed, now.plus(lease))?;
+            Ok(held)
         })
         .await
     }
@@ -164,7 +187,67 @@ impl Topics for SqliteStore {
 }
 
 #[async_trait]
+impl Limits for SqliteStore {
+    async fn set_limit(&self, limit: &Limit) -> StoreResult<bool> {
+        limit.check().map_err(herald::StoreError::Invalid)?;
+        let limit = limit.clone();
+        self.call("set_limit", move |conn, now| {
+            limits::set(conn, now, &limit, LimitSource::Api)
+        })
+        .await
+    }
+
+    async fn remove_limit(&self, handler: &str, scope: &LimitScope) -> StoreResult<bool> {
+        let (handler, scope) = (handler.to_string(), scope.clone());
+        self.call("remove_limit", move |conn, _| {
+            limits::remove(conn, &handler, &scope)
+        })
+        .await
+    }
+
+    async fn limits(&self, handler: Option<&str>) -> StoreResult<Vec<StoredLimit>> {
+        let handler = handler.map(str::to_string);
+        self.call("limits", move |conn, _| {
+            limits::list(conn, handler.as_deref())
+        })
+        .await
+    }
+
+    async fn sync_limits(&self, declared: &[Limit]) -> StoreResult<Vec<(String, LimitKind)>> {
+        for l in declared {
+            l.check().map_err(herald::StoreError::Invalid)?;
+        }
+        let declared = declared.to_vec();
+        self.call("sync_limits", move |conn, now| {
+            limits::sync(conn, now, &declared)
+        })
+        .await
+    }
+
+    async fn wake_limit(
+        &self,
+        handler: &str,
+        kind: LimitKind,
+        after: Option<(String, String)>,
+        scopes: usize,
+    ) -> StoreResult<WakePage> {
+        let handler = handler.to_string();
+        self.call("wake_limit", move |conn, now| {
+            limits::wake_limit(conn, now, &handler, kind, after.clone(), scopes)
+        })
+        .await
+    }
+}
+
+#[async_trait]
 impl Reconciliation for SqliteStore {
+    async fn lapse_slots(&self, limit: usize) -> StoreResult<Vec<Scheduled>> {
+        self.call("lapse_slots", move |conn, now| {
+            limits::lapse(conn, now, limit)
+        })
+        .await
+    }
+
     async fn sweep(
         &self,
         quiet: Duration,

@@ -47,6 +47,7 @@ async fn sweep(
 
 fn new_event(tenant: &str, handler: &str) -> NewEvent {
     NewEvent {
+        concurrency_key: None,
         id: EventId::new(),
         tenant: tenant.into(),
         handler: handler.into(),
@@ -107,7 +108,7 @@ async fn settle_one(
     finish: Finish,
 ) -> bool {
     let out = store.settle(&[Settle { id, token, finish }]).await.unwrap();
-    out == vec![true]
+    out.held == vec![true]
 }
 
 /// A plain connection to the same file, to look at columns the trait does not

@@ -9,9 +9,11 @@
 //! - [`Reconciliation`]: the elected reconciler's sweep, purges and upkeep;
 //! - [`LeaderElection`]: the reconciler's and the scheduler's leader leases;
 //! - [`Operator`]: the operator's reads and writes of single events;
-//! - [`Schedules`]: schedule definitions and the scheduler's firing.
+//! - [`Schedules`]: schedule definitions and the scheduler's firing;
+//! - [`Limits`]: concurrency limits, and the wake of the events they
+//!   hold when one is raised or removed.
 //!
-//! A backend implements all seven and gets the umbrella [`Store`] from a
+//! A backend implements all eight and gets the umbrella [`Store`] from a
 //! blanket implementation; the conformance tests in `herald::testkit`
 //! (feature `testkit`) check it. Every hot-path method takes and returns a
 //! batch, so that a backend can group-commit: one statement (or one
@@ -28,6 +30,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::limit::{Limit, LimitKind, LimitScope, LimitWait, StoredLimit};
 use crate::model::{
     AttemptError, Emitted, Event, EventId, EventState, LeaseToken, Millis, NewEvent, Rule,
     RuleKind, RuleMatch, Subscription,
@@ -140,6 +143,19 @@ pub struct Inspected {
     pub event: Event,
     /// The rules that match it now.
     pub rules: RuleMatch,
+    /// The full limit that holds it (parked until a slot frees), if one does.
+    pub waiting: Option<LimitWait>,
+}
+
+/// The result of [`EventStore::settle`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Settled {
+    /// Per item in order, whether the fence held (the token still matched)
+    /// and the write happened.
+    pub held: Vec<bool>,
+    /// Events that a full limit held and that a slot freed by these runs
+    /// woke: un-parked in the store, for the caller to notify now.
+    pub woken: Vec<Scheduled>,
 }
 
 /// The result of [`EventStore::inspect`].
@@ -504,6 +520,12 @@ pub trait EventStore: Send + Sync + 'static {
     /// events claimed (as updated, each with its own token). A worker gives
     /// every event a token of its own, so a token names one run.
     ///
+    /// Where limits count an event ([`Limits`]), the claim takes a slot in
+    /// each, atomically with the lease, if every one has room (fewer live
+    /// slots than the limit); an event of a full one is not claimed but
+    /// parked, waiting in the store for a slot ([`EventStore::settle`] and
+    /// [`Reconciliation::lapse_slots`] wake it).
+    ///
     /// `tenants` is a hint: the tenants the notifications named (a worker
     /// passes them, each once). A store may use it to check the rules once
     /// per claim for those tenants rather than once per event; an event of
@@ -520,12 +542,14 @@ pub trait EventStore: Send + Sync + 'static {
     /// Loads events and their matching rules, to learn why a claim failed.
     async fn inspect(&self, ids: &[EventId]) -> StoreResult<Inspection>;
 
-    /// Ends runs. Returns, per item in order, whether the fence held (the
-    /// token still matched) and the write happened.
-    async fn settle(&self, batch: &[Settle]) -> StoreResult<Vec<bool>>;
+    /// Ends runs: whether each write's fence held, and the events a full
+    /// limit held that the runs' freed slots woke. Every run whose write
+    /// held gives back the slots of the limits that counted it.
+    async fn settle(&self, batch: &[Settle]) -> StoreResult<Settled>;
 
-    /// Extends leases to `now + lease`. Returns, per item in order, whether
-    /// the lease was still held by that token.
+    /// Extends leases to `now + lease`, and the limit slots of their runs
+    /// with them. Returns, per item in order, whether the lease was still
+    /// held by that token.
     async fn renew(&self, leases: &[LeaseRef], lease: Duration) -> StoreResult<Vec<bool>>;
 }
 
@@ -633,6 +657,13 @@ pub trait Reconciliation: Send + Sync + 'static {
         limit: usize,
     ) -> StoreResult<u64>;
 
+    /// Deletes up to `limit` limit slots whose run's lease lapsed (its
+    /// worker died or lost the store) and wakes, in their scopes, as many
+    /// waiters as each has room for now. Returns the events woken, for the
+    /// caller to notify. On every pass of the elected reconciler, so a dead
+    /// worker's slots serve waiters within a pass of their lease's expiry.
+    async fn lapse_slots(&self, limit: usize) -> StoreResult<Vec<Scheduled>>;
+
     /// The store's own upkeep, on every pass of the elected reconciler
     /// (after its sweep and purge): the PostgreSQL store turns its ring of
     /// leaves here, so that finished events' rows go with a TRUNCATE rather
@@ -739,18 +770,71 @@ pub trait Schedules: Send + Sync + 'static {
 }
 
 /// Everything a backend implements: every role trait. A backend (the
-/// SQLite and PostgreSQL stores, a test double) implements the seven role
+/// SQLite and PostgreSQL stores, a test double) implements the eight role
 /// traits and gets `Store` from the blanket implementation; an embedder
 /// that wants one handle for all of them takes `Arc<dyn Store>`. Each part
 /// of the runtime takes only the roles it uses.
 pub trait Store:
-    EventStore + Rules + Topics + Reconciliation + LeaderElection + Operator + Schedules
+    EventStore + Rules + Topics + Reconciliation + LeaderElection + Operator + Schedules + Limits
 {
 }
 
 impl<T> Store for T where
-    T: EventStore + Rules + Topics + Reconciliation + LeaderElection + Operator + Schedules
+    T: EventStore
+        + Rules
+        + Topics
+        + Reconciliation
+        + LeaderElection
+        + Operator
+        + Schedules
+        + Limits
 {
+}
+
+/// One page of [`Limits::wake_limit`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WakePage {
+    /// Events woken, un-parked in the store, for the caller to notify now.
+    pub woken: Vec<Scheduled>,
+    /// Where the next page starts (the last scope looked at: its tenant
+    /// and key); `None` when every scope with waiters was looked at.
+    pub next: Option<(String, String)>,
+}
+
+/// Concurrency limits ([`crate::limit`]): what the API, the CLI and the
+/// config file set, and the wake of the events a limit held when it is
+/// raised or removed.
+#[async_trait]
+pub trait Limits: Send + Sync + 'static {
+    /// Sets a limit declared through the API (kept until removed),
+    /// replacing the same scope's. False if it was already so.
+    async fn set_limit(&self, limit: &Limit) -> StoreResult<bool>;
+
+    /// Removes the limit of `handler` and `scope`, whoever declared it;
+    /// false if there was none.
+    async fn remove_limit(&self, handler: &str, scope: &LimitScope) -> StoreResult<bool>;
+
+    /// The limits, of one handler or of all, in handler, kind, tenant and
+    /// key order.
+    async fn limits(&self, handler: Option<&str>) -> StoreResult<Vec<StoredLimit>>;
+
+    /// Makes the config file's limits exactly `declared`, in one
+    /// transaction (the API's are left alone; one declared in the file that
+    /// the API set becomes the file's). Returns the `(handler, kind)` pairs
+    /// whose limits were raised or removed: their waiters may have room.
+    async fn sync_limits(&self, declared: &[Limit]) -> StoreResult<Vec<(String, LimitKind)>>;
+
+    /// Wakes, in up to `scopes` of `handler`'s scopes of `kind` that hold
+    /// waiters, after `after` (a [`WakePage::next`]), as many waiters as
+    /// each has room for now (a scope whose limit is gone: up to 1,000 a
+    /// call). Called after a limit is raised or removed, page by page.
+    async fn wake_limit(
+        &self,
+        handler: &str,
+        kind: LimitKind,
+        after: Option<(String, String)>,
+        scopes: usize,
+    ) -> StoreResult<WakePage>;
 }
 
 impl RuleKind {

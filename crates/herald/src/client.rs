@@ -8,13 +8,15 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 
 use crate::backend::{
-    CountsQuery, EventFilter, EventStore, HandlerCounts, Operator, Rules, Store, StoreError, Topics,
+    CountsQuery, EventFilter, EventStore, HandlerCounts, Limits, Operator, Rules, Store,
+    StoreError, Topics,
 };
 use crate::group_commit::GroupCommit;
 pub use crate::group_commit::{
     DEFAULT_EMIT_TIMEOUT, DEFAULT_GROUP_COMMIT_WRITES, GROUP_MAX_EVENTS,
 };
 use crate::handler::Job;
+use crate::limit::{Limit, LimitKind, LimitScope, StoredLimit};
 use crate::model::{
     AttemptError, Emitted, Event, EventId, Millis, NewEvent, Rule, RuleKind, RuleMatch, RunAt,
     Subscription,
@@ -125,6 +127,11 @@ pub struct EmitOptions {
     /// stores, herald.toml `idempotency_window`), so an emit retried after
     /// a timeout never stores a second event.
     pub idempotency_key: Option<String>,
+    /// What the handler's limits per key count the event under, within its
+    /// tenant (a customer, an account): at most the limit's number of runs
+    /// at once per key ([`crate::limit`]). Without a limit per key it is
+    /// stored and shown, and limits nothing.
+    pub concurrency_key: Option<String>,
 }
 
 impl EmitOptions {
@@ -159,6 +166,13 @@ impl EmitOptions {
     /// Deduplicate on this key.
     pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
         self.idempotency_key = Some(key.into());
+        self
+    }
+
+    /// Count the event's runs under this key for its handler's limits per
+    /// key.
+    pub fn concurrency_key(mut self, key: impl Into<String>) -> Self {
+        self.concurrency_key = Some(key.into());
         self
     }
 }
@@ -224,6 +238,8 @@ pub struct Client {
     topics: Arc<dyn Topics>,
     /// The operator's reads and writes of events.
     operator: Arc<dyn Operator>,
+    /// Concurrency limits, and the wake of their waiters.
+    limits: Arc<dyn Limits>,
     queue: Arc<dyn Queue>,
     max_payload: usize,
     publisher: Arc<Publisher>,
@@ -232,6 +248,23 @@ pub struct Client {
 
 /// How many events a re-notify page holds.
 const RENOTIFY_PAGE: usize = 1000;
+
+/// How many scopes with waiters one wake call looks at.
+const WAKE_SCOPES: usize = 100;
+
+/// Checks the tenant and key a limit's scope names.
+fn check_limit_names(scope: &LimitScope) -> Result<(), ClientError> {
+    match scope {
+        LimitScope::Handler
+        | LimitScope::Tenant { tenant: None }
+        | LimitScope::Key { key: None } => Ok(()),
+        LimitScope::Tenant { tenant: Some(t) } => check_name("tenant", t),
+        LimitScope::Key { key: Some(k) } => {
+            check_name("tenant", &k.tenant)?;
+            check_name("concurrency_key", &k.key)
+        }
+    }
+}
 
 impl Client {
     /// A client on a store and a queue.
@@ -253,6 +286,7 @@ impl Client {
             events: store.clone(),
             rules: store.clone(),
             topics: store.clone(),
+            limits: store.clone(),
             operator: store,
             queue,
             max_payload: DEFAULT_MAX_PAYLOAD,
@@ -553,6 +587,9 @@ impl Client {
         if let Some(key) = &options.idempotency_key {
             check_name("idempotency_key", key)?;
         }
+        if let Some(key) = &options.concurrency_key {
+            check_name("concurrency_key", key)?;
+        }
         if options.max_attempts == Some(0) {
             return Err(ClientError::NoAttempts);
         }
@@ -619,6 +656,9 @@ impl Client {
         if let Some(key) = &r.options.idempotency_key {
             check_name("idempotency_key", key)?;
         }
+        if let Some(key) = &r.options.concurrency_key {
+            check_name("concurrency_key", key)?;
+        }
         self.check_payload(&r.payload)?;
         let max_attempts = r.options.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS);
         if max_attempts == 0 {
@@ -626,6 +666,7 @@ impl Client {
         }
         let run_at = r.options.due()?;
         Ok(NewEvent {
+            concurrency_key: r.options.concurrency_key,
             id: EventId::new(),
             tenant: r.tenant,
             handler: r.handler,
@@ -705,6 +746,74 @@ impl Client {
         Ok(release)
     }
 
+    /// Sets a concurrency limit ([`crate::limit`]), replacing the same
+    /// scope's; a raised limit wakes as many of its waiters as it has room
+    /// for now. Returns false if it was already so.
+    pub async fn set_limit(&self, limit: &Limit) -> Result<bool, ClientError> {
+        check_name("handler", &limit.handler)?;
+        check_limit_names(&limit.scope)?;
+        let changed = self.limits.set_limit(limit).await?;
+        if changed {
+            self.wake_limit(&limit.handler, limit.scope.kind()).await?;
+        }
+        Ok(changed)
+    }
+
+    /// Removes a concurrency limit, waking every event it held. Returns
+    /// false if there was none.
+    pub async fn remove_limit(
+        &self,
+        handler: &str,
+        scope: &LimitScope,
+    ) -> Result<bool, ClientError> {
+        check_name("handler", handler)?;
+        check_limit_names(scope)?;
+        let removed = self.limits.remove_limit(handler, scope).await?;
+        if removed {
+            self.wake_limit(handler, scope.kind()).await?;
+        }
+        Ok(removed)
+    }
+
+    /// The concurrency limits, of one handler or of all.
+    pub async fn limits(&self, handler: Option<&str>) -> Result<Vec<StoredLimit>, ClientError> {
+        Ok(self.limits.limits(handler).await?)
+    }
+
+    /// Makes the config file's concurrency limits exactly `declared` (the
+    /// API's stay), waking the waiters of those raised or removed.
+    pub async fn sync_limits(&self, declared: &[Limit]) -> Result<(), ClientError> {
+        for l in declared {
+            check_name("handler", &l.handler)?;
+            check_limit_names(&l.scope)?;
+        }
+        for (handler, kind) in self.limits.sync_limits(declared).await? {
+            self.wake_limit(&handler, kind).await?;
+        }
+        Ok(())
+    }
+
+    /// Wakes, page by page, the waiters that `handler`'s scopes of `kind`
+    /// have room for now, and notifies them. Returns how many woke.
+    async fn wake_limit(&self, handler: &str, kind: LimitKind) -> Result<u64, ClientError> {
+        let mut after = None;
+        let mut woken = 0;
+        loop {
+            let page = self
+                .limits
+                .wake_limit(handler, kind, after, WAKE_SCOPES)
+                .await?;
+            woken += page.woken.len() as u64;
+            if !page.woken.is_empty() {
+                self.publisher.publish_now(page.woken).await;
+            }
+            match page.next {
+                Some(next) => after = Some(next),
+                None => return Ok(woken),
+            }
+        }
+    }
+
     /// Moves a dead event back to pending with fresh attempts and notifies it.
     /// Returns false if the event is not dead.
     pub async fn retry_dead(&self, id: EventId) -> Result<bool, ClientError> {
@@ -725,6 +834,16 @@ impl Client {
     /// One event.
     pub async fn get(&self, id: EventId) -> Result<Option<Event>, ClientError> {
         Ok(self.operator.get(id).await?)
+    }
+
+    /// The full concurrency limit that holds an event (parked until a
+    /// slot frees), if one does.
+    pub async fn waiting(
+        &self,
+        id: EventId,
+    ) -> Result<Option<crate::limit::LimitWait>, ClientError> {
+        let seen = self.events.inspect(&[id]).await?;
+        Ok(seen.found.into_iter().find_map(|i| i.waiting))
     }
 
     /// The event's error history, oldest first (see
@@ -858,6 +977,7 @@ fn topic_copies(
     Ok(subscribers
         .iter()
         .map(|handler| NewEvent {
+            concurrency_key: options.concurrency_key.clone(),
             id: EventId::new(),
             tenant: tenant.to_string(),
             handler: handler.clone(),

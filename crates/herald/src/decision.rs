@@ -2,7 +2,8 @@
 //!
 //! This file is docs/semantics.md's decision table in code. A notification arrives;
 //! the worker first tries the one-statement claim (`EventStore::claim`: due,
-//! pending, unleased or expired, attempts left, a known handler, no rule).
+//! pending, unleased or expired, attempts left, a known handler, no rule,
+//! room in every limit that counts it).
 //! Only when that claims nothing does it load the event and ask [`admit`]
 //! why. When a handler finishes, [`settle`] says what to write. Each answer
 //! is a [`Plan`]: the write to make (if any) and, for each way the write can
@@ -14,6 +15,7 @@
 //! | EventLoad | no such event (or not pending) | drop | ack | [`admit`]: [`Verdict::Drop`] |
 //! | PauseCheck | a `block` rule matches | drop, event kept | ack | [`admit`]: [`Verdict::Drop`] |
 //! | PauseCheck | a `pause` rule matches | drop, event kept | ack | [`admit`]: [`Verdict::Drop`] |
+//! | LimitCheck | a limit that counts it is full | parked by the claim; a freed slot wakes it | ack | the claim statement; [`admit`]: [`Verdict::Drop`] |
 //! | DelayCheck | `run_at` in the future | requeue | nack `run_at - now`, capped | [`admit`]: [`Verdict::Requeue`] |
 //! | HandlerCheck | no handler of that name here | drop, event kept; the reconciler re-offers it | ack | [`admit`]: [`Verdict::Drop`] |
 //! | LockCheck | a live lease is held | requeue | nack until expiry + jitter | [`admit`]: [`Verdict::Requeue`] |
@@ -48,8 +50,9 @@
 
 use std::time::Duration;
 
-use crate::backend::{Finish, LeaseRef, Settle, StoreResult};
+use crate::backend::{Finish, LeaseRef, Settle, Settled, StoreResult};
 use crate::handler::Outcome;
+use crate::limit::LimitWait;
 use crate::model::{Event, EventId, EventState, Millis, RuleMatch};
 use crate::retry::RetryPolicy;
 
@@ -158,9 +161,9 @@ pub struct Write {
 impl Write {
     /// The answer for this write as the `i`th of a batch, as the store's
     /// `held` (one flag per write) says it turned out.
-    pub fn answer(&self, held: &StoreResult<Vec<bool>>, i: usize) -> Answer {
-        match held {
-            Ok(held) if held.get(i) == Some(&true) => self.held,
+    pub fn answer(&self, settled: &StoreResult<Settled>, i: usize) -> Answer {
+        match settled {
+            Ok(s) if s.held.get(i) == Some(&true) => self.held,
             Ok(_) => self.refused,
             Err(_) => self.failed,
         }
@@ -254,6 +257,8 @@ pub struct Inspection<'a> {
     pub event: Option<&'a Event>,
     /// The rules that match it.
     pub rules: RuleMatch,
+    /// The full limit that holds it, if one does (the claim parked it).
+    pub waiting: Option<&'a LimitWait>,
     /// Whether this worker has a handler of the event's name.
     pub handler_known: bool,
     /// The store's clock at the time of loading.
@@ -271,6 +276,10 @@ pub enum DropReason {
     Blocked,
     /// The tenant's pause holds it; unpause re-notifies.
     Paused,
+    /// A full limit holds it: the claim parked it, and the settle that
+    /// frees a slot of the limit (or the reconciler, when a run's slot
+    /// lapses) wakes it.
+    Limited,
     /// This worker has no handler of that name. The event stays stored and
     /// the reconciler offers it again after its quiet period. (Requeueing
     /// instead would pile up notifications: the sweep adds one every quiet
@@ -340,6 +349,10 @@ pub fn admit(seen: Inspection<'_>, policy: &Policy, jitter: f64) -> Admission {
     }
     if seen.rules.paused {
         return drop(DropReason::Paused);
+    }
+    // LimitCheck: the claim statement parked it.
+    if seen.waiting.is_some() {
+        return drop(DropReason::Limited);
     }
     // DelayCheck
     if event.run_at > seen.now {
@@ -577,6 +590,7 @@ mod tests {
 
     fn event() -> Event {
         Event {
+            concurrency_key: None,
             id: EventId::new(),
             tenant: "acme".into(),
             handler: "send_email".into(),
@@ -596,6 +610,7 @@ mod tests {
 
     fn seen(event: Option<&Event>) -> Inspection<'_> {
         Inspection {
+            waiting: None,
             event,
             rules: RuleMatch::default(),
             handler_known: true,

@@ -24,6 +24,7 @@ mod decision;
 pub mod escape;
 mod group_commit;
 mod handler;
+pub mod limit;
 mod memory_queue;
 mod model;
 mod publisher;
@@ -46,6 +47,7 @@ pub use client::{
 };
 pub use decision::Policy;
 pub use handler::{Context, Handler, HandlerError, IntoOutcome, Job, Outcome};
+pub use limit::{Limit, LimitKind, LimitScope, LimitSource, LimitWait, StoredLimit, TenantKey};
 pub use memory_queue::MemoryQueue;
 pub use model::{
     AttemptError, BadNotification, Emitted, Event, EventId, EventState, Lease, LeaseToken, Millis,

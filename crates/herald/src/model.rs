@@ -194,6 +194,10 @@ pub struct Event {
     /// The topic it was emitted to, when it is one subscriber's copy of a
     /// topic emit ([`crate::Client::emit_topic`]); `None` for a direct emit.
     pub topic: Option<String>,
+    /// The concurrency key it was emitted with: the limits of its handler
+    /// per key count its runs under this key, within its tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_key: Option<String>,
     /// When it was emitted.
     pub created_at: Millis,
     /// When it last changed.
@@ -231,6 +235,9 @@ pub struct NewEvent {
     /// The topic it is emitted to (one subscriber's copy), or `None` for a
     /// direct emit.
     pub topic: Option<String>,
+    /// What the handler's limits per key count it under (within its
+    /// tenant), or `None`.
+    pub concurrency_key: Option<String>,
 }
 
 /// When a new event is due, as the store resolves it with its own clock

@@ -71,6 +71,7 @@ fn event() -> impl Strategy<Value = Event> {
         proptest::option::of(-100_000i64..100_000),
     )
         .prop_map(|(state, due_in, attempt, max_attempts, lease)| Event {
+            concurrency_key: None,
             id: EventId::new(),
             tenant: "acme".into(),
             handler: "h".into(),
@@ -156,6 +157,7 @@ proptest! {
         jitter in 0.0..1.0f64,
     ) {
         let seen = Inspection {
+            waiting: None,
             event: Some(&event),
             rules: RuleMatch { blocked, paused },
             handler_known,
@@ -267,6 +269,7 @@ async fn emit(store: &dyn Store, max_attempts: u32) -> EventId {
     let id = EventId::new();
     store
         .emit(&[NewEvent {
+            concurrency_key: None,
             id,
             tenant: "acme".into(),
             handler: "h".into(),
@@ -331,7 +334,7 @@ fn a_fenced_out_write_changes_nothing() {
                 token: if no_token { None } else { Some(LeaseToken::new()) },
                 finish,
             };
-            prop_assert_eq!(store.settle(&[wrong]).await.unwrap(), vec![false]);
+            prop_assert_eq!(store.settle(&[wrong]).await.unwrap().held, vec![false]);
             prop_assert_eq!(store.get(id).await.unwrap(), before);
             prop_assert_eq!(store.history(id).await.unwrap(), history);
             Ok(())
@@ -390,7 +393,7 @@ fn an_events_life_never_passes_its_attempts_nor_runs_after_it_ends() {
                 let Plan::Write(w) = decision::settle(run, end.clone(), &policy, 0.5) else {
                     return Err(TestCaseError::fail("a replayable end wrote nothing"));
                 };
-                prop_assert_eq!(store.settle(std::slice::from_ref(&w.settle)).await.unwrap(), vec![true]);
+                prop_assert_eq!(store.settle(std::slice::from_ref(&w.settle)).await.unwrap().held, vec![true]);
                 let after = store.get(id).await.unwrap();
                 match w.held.tally {
                     Tally::Settled(RunSettled::Done) => {
@@ -442,6 +445,7 @@ fn a_queue_limit_below_the_fixed_delays_caps_every_nack() {
     };
     assert_eq!(w.failed.reply, Reply::Nack(Duration::ZERO));
     let mut event = Event {
+        concurrency_key: None,
         id: EventId::new(),
         tenant: "acme".into(),
         handler: "h".into(),
@@ -459,6 +463,7 @@ fn a_queue_limit_below_the_fixed_delays_caps_every_nack() {
     };
     fn seen(event: &Event) -> Inspection<'_> {
         Inspection {
+            waiting: None,
             event: Some(event),
             rules: RuleMatch::default(),
             handler_known: true,

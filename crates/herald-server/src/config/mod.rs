@@ -197,6 +197,10 @@ pub struct ServeConfig {
     pub auth: AuthConfig,
     /// `[handlers.NAME]` tables, as written, for [`crate::serve::build_handlers`].
     pub handlers: BTreeMap<String, toml::Value>,
+    /// `[handlers.NAME.limit]`: the concurrency limits the file declares,
+    /// applied to the store at start and on SIGHUP, replacing those an
+    /// earlier load took from the file ([`herald::backend::Limits::sync_limits`]).
+    pub run_limits: Vec<herald::Limit>,
     /// `[[subscriptions]]`: applied to the store at start, replacing the
     /// subscriptions an earlier start took from the file
     /// ([`herald::backend::Topics::sync_subscriptions`]).

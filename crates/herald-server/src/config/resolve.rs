@@ -51,6 +51,7 @@ pub(super) fn resolve(mut raw: FileConfig, origins: &Origins) -> Result<ServeCon
         herald::client::check_name("handler", name)
             .map_err(|e| err(&format!("handlers.{name}"), e.to_string()))?;
     }
+    let run_limits = resolve_run_limits(&mut raw.handlers, &err)?;
     let pg_run_commits = match raw.pg_run_commits.as_deref() {
         None => RunCommits::default(),
         Some(text) => text.parse().map_err(|m| err("pg_run_commits", m))?,
@@ -91,10 +92,63 @@ pub(super) fn resolve(mut raw: FileConfig, origins: &Origins) -> Result<ServeCon
         shutdown_grace,
         auth,
         handlers: raw.handlers,
+        run_limits,
         subscriptions,
         schedules,
         file: None,
     })
+}
+
+/// `[handlers.NAME.limit]`, taken out of each handler's table (the rest
+/// is the handler's own): `running` (every run of the handler),
+/// `per_tenant` (each tenant's), `per_key` (each concurrency key's).
+fn resolve_run_limits(
+    handlers: &mut std::collections::BTreeMap<String, toml::Value>,
+    err: &Refuse<'_>,
+) -> Result<Vec<herald::Limit>, ConfigError> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct LimitSection {
+        running: Option<u32>,
+        per_tenant: Option<u32>,
+        per_key: Option<u32>,
+    }
+    let mut out = Vec::new();
+    for (name, value) in handlers.iter_mut() {
+        let Some(section) = value.as_table_mut().and_then(|t| t.remove("limit")) else {
+            continue;
+        };
+        let key = format!("handlers.{name}.limit");
+        let section: LimitSection = section
+            .try_into()
+            .map_err(|e: toml::de::Error| err(&key, e.message().to_string()))?;
+        let scopes = [
+            ("running", section.running, herald::LimitScope::Handler),
+            (
+                "per_tenant",
+                section.per_tenant,
+                herald::LimitScope::Tenant { tenant: None },
+            ),
+            (
+                "per_key",
+                section.per_key,
+                herald::LimitScope::Key { key: None },
+            ),
+        ];
+        for (field, running, scope) in scopes {
+            let Some(running) = running else { continue };
+            let limit = herald::Limit {
+                handler: name.clone(),
+                scope,
+                running,
+            };
+            limit
+                .check()
+                .map_err(|m| err(&format!("{key}.{field}"), m))?;
+            out.push(limit);
+        }
+    }
+    Ok(out)
 }
 
 /// The pool's, the listener's and the requests' limits.

@@ -8,10 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::{
-    EventFilter, EventStore, Inspection, LeaderElection, LeaseRef, Operator, Reconciliation, Rules,
-    Scheduled, Schedules, Settle, Store, StoreError, StoreResult, SubscriptionSync, SweepPage,
-    SweepPass, Topics,
+    EventFilter, EventStore, Inspection, LeaderElection, LeaseRef, Limits, Operator,
+    Reconciliation, Rules, Scheduled, Schedules, Settle, Settled, Store, StoreError, StoreResult,
+    SubscriptionSync, SweepPage, SweepPass, Topics, WakePage,
 };
+use crate::limit::{Limit, LimitKind, LimitScope, StoredLimit};
 use crate::model::{Emitted, Event, EventId, NewEvent, Rule, RuleMatch, Subscription};
 
 /// A store around a real one that fails or slows down on purpose, and
@@ -130,7 +131,7 @@ impl EventStore for Faulty {
         self.inner.inspect(ids).await
     }
 
-    async fn settle(&self, batch: &[Settle]) -> StoreResult<Vec<bool>> {
+    async fn settle(&self, batch: &[Settle]) -> StoreResult<Settled> {
         let panics = &self.settle_panics;
         if panics
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -188,6 +189,35 @@ impl Rules for Faulty {
 }
 
 #[async_trait::async_trait]
+impl Limits for Faulty {
+    async fn set_limit(&self, limit: &Limit) -> StoreResult<bool> {
+        self.inner.set_limit(limit).await
+    }
+
+    async fn remove_limit(&self, handler: &str, scope: &LimitScope) -> StoreResult<bool> {
+        self.inner.remove_limit(handler, scope).await
+    }
+
+    async fn limits(&self, handler: Option<&str>) -> StoreResult<Vec<StoredLimit>> {
+        self.inner.limits(handler).await
+    }
+
+    async fn sync_limits(&self, declared: &[Limit]) -> StoreResult<Vec<(String, LimitKind)>> {
+        self.inner.sync_limits(declared).await
+    }
+
+    async fn wake_limit(
+        &self,
+        handler: &str,
+        kind: LimitKind,
+        after: Option<(String, String)>,
+        scopes: usize,
+    ) -> StoreResult<WakePage> {
+        self.inner.wake_limit(handler, kind, after, scopes).await
+    }
+}
+
+#[async_trait::async_trait]
 impl Topics for Faulty {
     async fn subscribe(&self, subscription: &Subscription) -> StoreResult<bool> {
         self.inner.subscribe(subscription).await
@@ -234,6 +264,10 @@ impl Reconciliation for Faulty {
 
     async fn purge_keys(&self, window: Duration, limit: usize) -> StoreResult<u64> {
         self.inner.purge_keys(window, limit).await
+    }
+
+    async fn lapse_slots(&self, limit: usize) -> StoreResult<Vec<Scheduled>> {
+        self.inner.lapse_slots(limit).await
     }
 
     async fn upkeep(&self) -> StoreResult<()> {

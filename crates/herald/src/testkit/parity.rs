@@ -119,7 +119,10 @@ async fn settle_all(store: &dyn Store, ids: &[EventId], token: Option<LeaseToken
         })
         .collect();
     let held = store.settle(&batch).await.expect("settle");
-    assert!(held.iter().all(|&h| h), "setting up: every settle holds");
+    assert!(
+        held.held.iter().all(|&h| h),
+        "setting up: every settle holds"
+    );
 }
 
 /// The tenant of shape `i` in the copy `copy` of the shapes.
@@ -137,6 +140,7 @@ async fn write(store: &dyn Store, shapes: &[Shape], copy: &str) -> Vec<EventId> 
         .enumerate()
         .filter(|(_, s)| s.state.is_some())
         .map(|(i, s)| NewEvent {
+            concurrency_key: None,
             id: ids[i],
             tenant: tenant(copy, i),
             handler: "h".into(),
@@ -216,6 +220,7 @@ async fn admissions(store: &dyn Store, shapes: &[Shape], ids: &[EventId]) -> Vec
             let loaded = found.get(id);
             let admission = decision::admit(
                 decision::Inspection {
+                    waiting: None,
                     event: loaded.map(|i| &i.event),
                     rules: loaded.map(|i| i.rules).unwrap_or_default(),
                     handler_known: s.handler_known,

@@ -274,6 +274,7 @@ async fn admit_batch(
         let inspection = decision::Inspection {
             event: item.map(|i| &i.event),
             rules: item.map(|i| i.rules).unwrap_or_default(),
+            waiting: item.and_then(|i| i.waiting.as_ref()),
             handler_known: item.is_none_or(|i| shared.handlers.contains_key(&i.event.handler)),
             now: seen.now,
         };
@@ -288,9 +289,13 @@ async fn admit_batch(
     if !writes.is_empty() {
         let settles: Vec<Settle> = writes.iter().map(|(w, ..)| w.settle.clone()).collect();
         let held = shared.events.settle(&settles).await;
-        if let Err(e) = &held {
-            tracing::warn!(error = %escaped(&e), "cannot move exhausted events to dead");
-            shared.record(RunEvent::StoreFailed);
+        match &held {
+            Err(e) => {
+                tracing::warn!(error = %escaped(&e), "cannot move exhausted events to dead");
+                shared.record(RunEvent::StoreFailed);
+            }
+            Ok(s) if !s.woken.is_empty() => super::settle::wake(&shared, s.woken.clone()).await,
+            Ok(_) => {}
         }
         for (i, (write, id, message, instruments)) in writes.into_iter().enumerate() {
             let answer = write.answer(&held, i);

@@ -63,6 +63,7 @@ pub(super) async fn reconcile_loop(shared: Arc<WorkerState>) {
                         first_sweep_since = None;
                         shared.record(RunEvent::Swept);
                     }
+                    lapse(&shared).await;
                     purge(&shared).await;
                     if let Err(e) = shared.reconciliation.upkeep().await {
                         shared.record(RunEvent::StoreFailed);
@@ -129,6 +130,31 @@ async fn sweep(shared: &WorkerState, quiet: Duration) -> bool {
         tracing::debug!(events = n, "reconciler notified events");
         if page.complete {
             return true;
+        }
+    }
+}
+
+/// Frees the limit slots of runs whose lease lapsed (a dead worker's) and
+/// notifies the events they woke, page by page.
+async fn lapse(shared: &WorkerState) {
+    loop {
+        let woken = match shared.reconciliation.lapse_slots(PAGE).await {
+            Ok(w) => w,
+            Err(e) => {
+                shared.record(RunEvent::StoreFailed);
+                tracing::warn!(error = %escaped(&e), "cannot free lapsed limit slots");
+                return;
+            }
+        };
+        if woken.is_empty() {
+            return;
+        }
+        let n = woken.len();
+        tracing::debug!(events = n, "lapsed limit slots woke events");
+        super::settle::wake(shared, woken).await;
+        shared.record(RunEvent::Reconciled(n));
+        if n < PAGE {
+            return;
         }
     }
 }

@@ -8,9 +8,10 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use super::message::{Answers, Message};
 use super::telemetry::{Instruments, RunEvent};
 use super::WorkerState;
-use crate::backend::{Finish, LeaseRef, Settle};
+use crate::backend::{Finish, LeaseRef, Scheduled, Settle};
 use crate::decision::{self, Answer, Claimed, Plan, RunEnd, RunSettled, Tally, Write};
 use crate::escape::escaped;
+use crate::queue::Publish;
 
 /// A run that ended and waits to be settled.
 pub(crate) struct Ended {
@@ -141,6 +142,17 @@ impl Drop for Registered<'_> {
     }
 }
 
+/// Notifies the events that the slots these runs freed woke (un-parked in
+/// the store). If the publish fails they are not lost: un-parked, they are
+/// the reconciler's after its quiet period.
+pub(super) async fn wake(shared: &WorkerState, woken: Vec<Scheduled>) {
+    let n = woken.len();
+    let batch = Publish::group(woken, shared.queue.message_limits());
+    if let Err(e) = shared.queue.publish(&batch).await {
+        tracing::warn!(error = %escaped(&e), events = n, "cannot notify the events a freed limit slot woke; the reconciler will");
+    }
+}
+
 async fn settle_batch(shared: &WorkerState, batch: Vec<Ended>) {
     let registered = Registered {
         shared,
@@ -160,13 +172,17 @@ async fn settle_batch(shared: &WorkerState, batch: Vec<Ended>) {
     }
     if !writes.is_empty() {
         let settles: Vec<Settle> = writes.iter().map(|(_, w)| w.settle.clone()).collect();
-        let held = shared.events.settle(&settles).await;
-        if let Err(err) = &held {
-            shared.record(RunEvent::StoreFailed);
-            tracing::warn!(error = %escaped(&err), runs = settles.len(), "cannot settle runs; notifications go back to the queue");
+        let settled = shared.events.settle(&settles).await;
+        match &settled {
+            Err(err) => {
+                shared.record(RunEvent::StoreFailed);
+                tracing::warn!(error = %escaped(&err), runs = settles.len(), "cannot settle runs; notifications go back to the queue");
+            }
+            Ok(s) if !s.woken.is_empty() => wake(shared, s.woken.clone()).await,
+            Ok(_) => {}
         }
         for (i, (e, write)) in writes.iter().enumerate() {
-            let answer = write.answer(&held, i);
+            let answer = write.answer(&settled, i);
             match answer.tally {
                 Tally::Settled(_) => log_failure(e, write),
                 Tally::FencedOut => {

@@ -28,6 +28,8 @@ pub(super) struct EmitBody {
     max_attempts: Option<u32>,
     #[serde(default)]
     idempotency_key: Option<String>,
+    #[serde(default)]
+    concurrency_key: Option<String>,
 }
 
 impl EmitBody {
@@ -41,6 +43,7 @@ impl EmitBody {
                 self.run_at,
                 self.max_attempts,
                 self.idempotency_key,
+                self.concurrency_key,
             )?,
         })
     }
@@ -53,6 +56,7 @@ pub(super) fn emit_options(
     run_at: Option<String>,
     max_attempts: Option<u32>,
     idempotency_key: Option<String>,
+    concurrency_key: Option<String>,
 ) -> Result<EmitOptions, ApiError> {
     let delay = match delay {
         None => None,
@@ -70,6 +74,7 @@ pub(super) fn emit_options(
         run_at,
         max_attempts,
         idempotency_key,
+        concurrency_key,
     })
 }
 

@@ -41,8 +41,47 @@ pub(super) struct EventView {
     idempotency_key: Option<String>,
     /// The topic it was emitted to; `null` for a direct emit.
     topic: Option<String>,
+    /// The concurrency key it was emitted with; `null` for none.
+    concurrency_key: Option<String>,
+    /// What holds it from running: the full limit it waits for (only
+    /// when one event is shown, and one holds it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    waiting_for: Option<WaitView>,
     created_at: String,
     updated_at: String,
+}
+
+/// The full concurrency limit an event waits for.
+#[derive(Serialize)]
+pub(super) struct WaitView {
+    /// What the limit counts: `handler`, `tenant` or `key`.
+    per: herald::LimitKind,
+    /// The tenant and key it counts this event under, where it counts them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tenant: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key: Option<String>,
+    /// Runs holding a slot of it now.
+    running: u32,
+    /// The limit.
+    limit: u32,
+    /// The same in words: "5 of 5 running for key \"acme\" of handler \"sync\"".
+    reason: String,
+}
+
+impl From<herald::LimitWait> for WaitView {
+    fn from(w: herald::LimitWait) -> Self {
+        let (tenant, key) = w.scope.names();
+        let some = |s: &str| (!s.is_empty()).then(|| s.to_string());
+        WaitView {
+            per: w.scope.kind(),
+            tenant: some(tenant),
+            key: some(key),
+            running: w.running,
+            limit: w.limit,
+            reason: w.to_string(),
+        }
+    }
 }
 
 /// One failed attempt in an event's error history.
@@ -76,6 +115,8 @@ impl From<Event> for EventView {
             errors: None,
             idempotency_key: e.idempotency_key,
             topic: e.topic,
+            concurrency_key: e.concurrency_key,
+            waiting_for: None,
             created_at: time(e.created_at),
             updated_at: time(e.updated_at),
         }
@@ -180,6 +221,7 @@ pub(super) async fn show_event(
     let id = event_id(&id)?;
     let mut view: EventView = visible_event(&s, &caller, id).await?.into();
     let history = s.client.history(id).await?;
+    view.waiting_for = s.client.waiting(id).await?.map(WaitView::from);
     view.errors = Some(
         history
             .into_iter()

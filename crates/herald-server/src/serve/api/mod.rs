@@ -20,6 +20,7 @@ use super::recent::Tracker;
 
 mod emit;
 mod events;
+mod limits;
 mod rules;
 mod schedules;
 mod stats;
@@ -27,6 +28,7 @@ mod topics;
 
 use emit::{emit, emit_batch};
 use events::{delete_event, list_events, retry_event, show_event};
+use limits::{delete_limit, limits, put_limit};
 use rules::{block, pause, rules, unblock, unpause};
 pub use schedules::ScheduleView;
 use schedules::{
@@ -124,6 +126,9 @@ fn routes() -> Routes {
         .put("/v1/tenants/{tenant}/handlers/{handler}/block", block)
         .delete("/v1/tenants/{tenant}/handlers/{handler}/block", unblock)
         .get("/v1/rules", rules)
+        .get("/v1/limits", limits)
+        .put("/v1/limits", put_limit)
+        .delete("/v1/limits", delete_limit)
         .post("/v1/tenants/{tenant}/topics/{topic}/events", emit_topic)
         .get(
             "/v1/tenants/{tenant}/topics/{topic}/subscribers",

@@ -28,6 +28,8 @@ pub(super) struct TopicEmitBody {
     max_attempts: Option<u32>,
     #[serde(default)]
     idempotency_key: Option<String>,
+    #[serde(default)]
+    concurrency_key: Option<String>,
 }
 
 /// One subscriber's copy as the API shows it.
@@ -64,6 +66,7 @@ pub(super) async fn emit_topic(
         body.run_at,
         body.max_attempts,
         body.idempotency_key,
+        body.concurrency_key,
     )?;
     let out = s
         .client

@@ -121,7 +121,7 @@ pub async fn a_message_redelivered_after_its_worker_died_runs_what_is_left(store
         })
         .collect();
     assert_eq!(
-        rig.store.settle(&finished).await.expect("settle"),
+        rig.store.settle(&finished).await.expect("settle").held,
         vec![true, true]
     );
     publish(&rig, ids.clone()).await;

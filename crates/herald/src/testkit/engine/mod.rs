@@ -84,6 +84,7 @@ fn config() -> WorkerConfig {
 /// notification (`EventStore::emit`).
 fn new_event(handler: &str) -> NewEvent {
     NewEvent {
+        concurrency_key: None,
         id: EventId::new(),
         tenant: T.into(),
         handler: handler.into(),
@@ -356,7 +357,7 @@ impl Rig {
             }])
             .await
             .expect("release");
-        assert_eq!(released, vec![true]);
+        assert_eq!(released.held, vec![true]);
         let token = LeaseToken::new();
         let got = self
             .store

@@ -20,6 +20,7 @@
 mod claim;
 mod emit;
 mod leaders;
+mod limits;
 mod reads;
 mod retention;
 mod rules;
@@ -32,6 +33,7 @@ mod topics;
 pub use claim::*;
 pub use emit::*;
 pub use leaders::*;
+pub use limits::*;
 pub use reads::*;
 pub use retention::*;
 pub use rules::*;
@@ -63,6 +65,7 @@ const QUIET: Duration = Duration::from_secs(10);
 /// does not make it "not yet due".
 fn new_event(tenant: &str, handler: &str) -> NewEvent {
     NewEvent {
+        concurrency_key: None,
         id: EventId::new(),
         tenant: tenant.into(),
         handler: handler.into(),
@@ -178,8 +181,8 @@ async fn settle_one(
         .settle(&[Settle { id, token, finish }])
         .await
         .expect("settle");
-    assert_eq!(out.len(), 1);
-    out[0]
+    assert_eq!(out.held.len(), 1);
+    out.held[0]
 }
 
 /// Moves an unleased pending event to `dead`.

@@ -65,7 +65,7 @@ pub async fn settle_delete_archive_and_bury(store: Arc<dyn Store>) {
         .await
         .expect("settle");
     let after = store_now(store).await;
-    assert_eq!(out, vec![true, true, false, true]);
+    assert_eq!(out.held, vec![true, true, false, true]);
     assert_eq!(store.get(ids[0]).await.expect("get"), None);
     let done = get(store, ids[1]).await;
     assert_eq!(done.state, EventState::Done);

@@ -1,0 +1,318 @@
+-- Concurrency limits (ADR 0017): the claim of limited events, the settle's
+-- release of their slots, and the wake of the events a full limit holds.
+--
+-- A scope is (kind, handler, tenant, key) as limit_slots and limit_waits
+-- name it. Whoever counts a scope's slots to decide, or looks for its
+-- waiters to wake, first takes the scope's transaction-scoped advisory
+-- lock (scope_lock), several in one order (by the lock's key), so that a
+-- claim that parks an event because its scope is full and a release that
+-- frees a slot of the scope cannot miss each other: whichever comes
+-- second sees the other's work. The key is a hash of the scope; two
+-- scopes that share one only wait for each other. Each function locks
+-- rows of `events` before scopes and never waits for an event row while
+-- it holds a scope (the wake skips events another transaction holds), so
+-- claims, settles and wakes do not deadlock.
+
+-- The advisory lock key of a scope: the two-integer form, first half
+-- herald's ('hera'), which no single-bigint lock (the migrate lock) can
+-- take.
+CREATE OR REPLACE FUNCTION scope_lock_key(smallint, text, text, text) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$SELECT hashtext($1::text || '/' || $2 || '/' || $3 || '/' || $4)$$;
+
+-- The limit of a scope now, NULL when none is set: the scope's own row
+-- (a tenant's or a key's) before the default of every tenant or key.
+CREATE OR REPLACE FUNCTION scope_limit(smallint, text, text, text) RETURNS integer
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$SELECT l.running FROM limits AS l
+     WHERE l.handler = $2 AND l.kind = $1
+       AND (l.tenant = $3 OR l.tenant = '') AND (l.key = $4 OR l.key = '')
+     ORDER BY l.tenant DESC, l.key DESC LIMIT 1$$;
+
+-- The claim of the events of the handlers of $4 that a limit names
+-- (arguments as claim's, which calls it): takes their leases as claim
+-- does; then, under the
+-- locks of the scopes the claimed events count in, counts each scope's
+-- live slots, and goes through the events in id order: one whose every
+-- scope has room keeps its claim and takes a slot in each (expiring with
+-- its lease); any other has its claim undone (attempt, lease) and is
+-- parked, with a row in limit_waits for the first of its scopes that is
+-- full.
+CREATE OR REPLACE FUNCTION claim_limited(uuid[], bigint, uuid[], text[], text[]) RETURNS SETOF events
+LANGUAGE plpgsql VOLATILE
+SET enable_seqscan = off SET enable_bitmapscan = off
+SET plan_cache_mode = force_generic_plan SET jit = off
+SET search_path FROM CURRENT
+AS $$DECLARE
+  got events[];
+  now_ms bigint := floor(date_part('epoch', now()) * 1000)::bigint;
+  -- The claimed events' limited scopes, one row per (event, scope).
+  s_id uuid[]; s_kind int2[]; s_handler text[]; s_tenant text[]; s_key text[];
+  s_token uuid[]; s_expires int8[]; s_name text[];
+  -- The distinct scopes, by name, with their room.
+  q_name text[]; q_kind int2[]; q_handler text[]; q_tenant text[]; q_key text[]; q_room int8[];
+  ev record;
+  i integer;
+  full_at integer;
+  kept uuid[] := '{}';
+  r_id uuid[] := '{}';
+  r_at int4[] := '{}';
+  lock_key integer;
+BEGIN
+  -- The leases, as claim takes them (claim.sql), of the events of the
+  -- limited handlers among $4, in any leaf.
+  WITH c AS (
+    UPDATE events AS e
+       SET attempt = e.attempt + 1, lease_token = $1[array_position($3, e.id)],
+           lease_expires_at = now_ms + $2, updated_at = now_ms
+     WHERE e.id = ANY($3)
+       AND (e.state + 0) = 0
+       AND e.run_at <= now_ms
+       AND (e.lease_expires_at IS NULL OR e.lease_expires_at <= now_ms)
+       AND e.attempt < e.max_attempts
+       AND (e.handler || '') = ANY($4)
+       AND EXISTS (SELECT 1 FROM limits AS l WHERE l.handler = e.handler)
+       AND NOT EXISTS (SELECT 1 FROM rules AS r
+                       WHERE r.tenant = e.tenant AND r.handler = e.handler OFFSET 0)
+    RETURNING e.*)
+  SELECT coalesce(array_agg(c), '{}') INTO got FROM c;
+  SELECT array_agg(g.id), array_agg(x.kind), array_agg(g.handler), array_agg(x.tenant),
+         array_agg(x.key), array_agg(g.lease_token), array_agg(g.lease_expires_at),
+         array_agg(x.kind::text || '/' || g.handler || '/' || x.tenant || '/' || x.key)
+    INTO s_id, s_kind, s_handler, s_tenant, s_key, s_token, s_expires, s_name
+    FROM unnest(got) AS g
+    CROSS JOIN LATERAL (VALUES (0::int2, ''::text, ''::text), (1::int2, g.tenant, ''::text),
+                               (2::int2, g.tenant, g.concurrency_key)) AS x(kind, tenant, key)
+   WHERE x.key IS NOT NULL AND scope_limit(x.kind, g.handler, x.tenant, x.key) IS NOT NULL;
+  IF s_id IS NULL THEN
+    RETURN QUERY SELECT * FROM unnest(got);
+    RETURN;
+  END IF;
+  FOR lock_key IN SELECT DISTINCT scope_lock_key(s.kind, s.handler, s.tenant, s.key)
+                    FROM unnest(s_kind, s_handler, s_tenant, s_key) AS s(kind, handler, tenant, key)
+                   ORDER BY 1 LOOP
+    PERFORM pg_advisory_xact_lock(1751478881, lock_key);
+  END LOOP;
+  SELECT array_agg(q.name ORDER BY q.name), array_agg(q.kind ORDER BY q.name),
+         array_agg(q.handler ORDER BY q.name), array_agg(q.tenant ORDER BY q.name),
+         array_agg(q.key ORDER BY q.name),
+         array_agg(scope_limit(q.kind, q.handler, q.tenant, q.key)
+                   - (SELECT count(*) FROM limit_slots AS t
+                      WHERE t.handler = q.handler AND t.kind = q.kind AND t.tenant = q.tenant
+                        AND t.key = q.key AND t.expires_at > now_ms) ORDER BY q.name)
+    INTO q_name, q_kind, q_handler, q_tenant, q_key, q_room
+    FROM (SELECT DISTINCT s.name, s.kind, s.handler, s.tenant, s.key
+            FROM unnest(s_name, s_kind, s_handler, s_tenant, s_key)
+                 AS s(name, kind, handler, tenant, key)) AS q;
+  FOR ev IN SELECT s.id, array_agg(array_position(q_name, s.name) ORDER BY s.kind) AS at
+              FROM unnest(s_id, s_name, s_kind) AS s(id, name, kind)
+             GROUP BY s.id ORDER BY s.id LOOP
+    full_at := NULL;
+    FOREACH i IN ARRAY ev.at LOOP
+      IF q_room[i] <= 0 THEN
+        full_at := i;
+        EXIT;
+      END IF;
+    END LOOP;
+    IF full_at IS NULL THEN
+      FOREACH i IN ARRAY ev.at LOOP
+        q_room[i] := q_room[i] - 1;
+      END LOOP;
+      kept := kept || ev.id;
+    ELSE
+      r_id := r_id || ev.id;
+      r_at := r_at || full_at;
+    END IF;
+  END LOOP;
+  IF cardinality(r_id) > 0 THEN
+    UPDATE events AS e
+       SET attempt = e.attempt - 1, lease_token = NULL, lease_expires_at = NULL,
+           notified_at = 9223372036854775807
+     WHERE e.id = ANY(r_id) AND e.lease_token = ANY(s_token) AND (e.state + 0) = 0;
+    INSERT INTO limit_waits (handler, kind, tenant, key, event_id)
+    SELECT q_handler[w.at], q_kind[w.at], q_tenant[w.at], q_key[w.at], w.id
+      FROM unnest(r_id, r_at) AS w(id, at);
+  END IF;
+  INSERT INTO limit_slots (token, kind, handler, tenant, key, event_id, expires_at)
+  SELECT s.token, s.kind, s.handler, s.tenant, s.key, s.id, s.expires
+    FROM unnest(s_id, s_kind, s_handler, s_tenant, s_key, s_token, s_expires)
+         AS s(id, kind, handler, tenant, key, token, expires)
+   WHERE s.id = ANY(kept);
+  RETURN QUERY SELECT * FROM unnest(got) AS g WHERE g.id <> ALL(r_id);
+END$$;
+
+-- Wakes up to $5 of the events parked in scope ($1 kind, $2 handler, $3
+-- tenant, $4 key), oldest first: each is un-parked (notified now) and
+-- returned for the caller to publish. The caller holds the scope's lock.
+-- A waiter whose event is no longer parked (unpaused, retried, deleted)
+-- is dropped without counting; an event that a claim holds at this
+-- moment is dropped too (that claim keeps it or parks it again).
+CREATE OR REPLACE FUNCTION wake_scope(smallint, text, text, text, integer)
+RETURNS TABLE (tenant text, id uuid)
+LANGUAGE plpgsql VOLATILE
+SET enable_seqscan = off SET enable_bitmapscan = off
+SET enable_hashjoin = off SET enable_mergejoin = off
+SET plan_cache_mode = force_generic_plan SET jit = off
+SET search_path FROM CURRENT
+AS $$#variable_conflict use_column
+DECLARE
+  want integer := $5;
+  asked integer;
+  picked uuid[];
+  woke uuid[];
+  tenants text[];
+BEGIN
+  WHILE want > 0 LOOP
+    asked := want;
+    WITH p AS (
+        DELETE FROM limit_waits AS w
+         WHERE (w.handler, w.kind, w.tenant, w.key, w.seq) IN
+               (SELECT x.handler, x.kind, x.tenant, x.key, x.seq FROM limit_waits AS x
+                 WHERE x.handler = $2 AND x.kind = $1 AND x.tenant = $3 AND x.key = $4
+                 ORDER BY x.seq LIMIT want)
+        RETURNING w.event_id)
+    SELECT coalesce(array_agg(p.event_id), '{}') INTO picked FROM p;
+    EXIT WHEN cardinality(picked) = 0;
+    WITH u AS (
+      UPDATE events AS e
+         SET notified_at = greatest(e.run_at, (SELECT floor(date_part('epoch', now()) * 1000)::bigint))
+       WHERE e.id = ANY(ARRAY(SELECT x.id FROM events AS x
+                              WHERE x.id = ANY(picked) AND x.state = 0
+                                AND x.notified_at = 9223372036854775807
+                              FOR UPDATE SKIP LOCKED))
+         AND (e.state + 0) = 0
+      RETURNING e.id, e.tenant)
+    SELECT array_agg(u.id), array_agg(u.tenant) INTO woke, tenants FROM u;
+    IF woke IS NOT NULL THEN
+      RETURN QUERY SELECT t, i FROM unnest(tenants, woke) AS z(t, i);
+      want := want - cardinality(woke);
+    END IF;
+    EXIT WHEN cardinality(picked) < asked;
+  END LOOP;
+END$$;
+
+-- Wakes, in each of the scopes ($1 kinds, $2 handlers, $3 tenants, $4
+-- keys), as many waiters as the scope has room for now (up to $5 in a
+-- scope whose limit is gone), under the scopes' locks. Returns the events
+-- woken.
+CREATE OR REPLACE FUNCTION wake_scopes(int2[], text[], text[], text[], integer)
+RETURNS TABLE (tenant text, id uuid)
+LANGUAGE plpgsql VOLATILE
+SET enable_seqscan = off SET enable_bitmapscan = off
+SET plan_cache_mode = force_generic_plan SET jit = off
+SET search_path FROM CURRENT
+AS $$#variable_conflict use_column
+DECLARE
+  sc record;
+  room bigint;
+  now_ms bigint;
+BEGIN
+  FOR sc IN SELECT DISTINCT scope_lock_key(s.kind, s.handler, s.tenant, s.key) AS lock_key
+              FROM unnest($1, $2, $3, $4) AS s(kind, handler, tenant, key) ORDER BY 1 LOOP
+    PERFORM pg_advisory_xact_lock(1751478881, sc.lock_key);
+  END LOOP;
+  now_ms := floor(date_part('epoch', clock_timestamp()) * 1000)::bigint;
+  FOR sc IN SELECT DISTINCT s.kind, s.handler, s.tenant, s.key
+              FROM unnest($1, $2, $3, $4) AS s(kind, handler, tenant, key) LOOP
+    room := coalesce(scope_limit(sc.kind, sc.handler, sc.tenant, sc.key), $5)
+            - (SELECT count(*) FROM limit_slots AS t
+               WHERE t.handler = sc.handler AND t.kind = sc.kind AND t.tenant = sc.tenant
+                 AND t.key = sc.key AND t.expires_at > now_ms);
+    IF room > 0 THEN
+      RETURN QUERY SELECT * FROM wake_scope(sc.kind, sc.handler, sc.tenant, sc.key,
+                                            least(room, $5)::integer);
+    END IF;
+  END LOOP;
+END$$;
+
+-- Ends the slots of runs that ended: $1 the runs' lease tokens (those
+-- whose settle held). Wakes, in each scope that lost a slot, as many
+-- waiters as it has room for now. Returns the events woken. Costs one
+-- probe of limit_slots_pkey per token when no run of the batch held one.
+CREATE OR REPLACE FUNCTION free_slots(uuid[])
+RETURNS TABLE (tenant text, id uuid)
+LANGUAGE plpgsql VOLATILE
+SET enable_seqscan = off SET enable_bitmapscan = off
+SET plan_cache_mode = force_generic_plan SET jit = off
+SET search_path FROM CURRENT
+AS $$DECLARE
+  f_kind int2[]; f_handler text[]; f_tenant text[]; f_key text[];
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM limit_slots AS t WHERE t.token = ANY($1)) THEN
+    RETURN;
+  END IF;
+  WITH d AS (DELETE FROM limit_slots AS t WHERE t.token = ANY($1)
+             RETURNING t.kind, t.handler, t.tenant, t.key)
+  SELECT array_agg(d.kind), array_agg(d.handler), array_agg(d.tenant), array_agg(d.key)
+    INTO f_kind, f_handler, f_tenant, f_key FROM d;
+  RETURN QUERY SELECT * FROM wake_scopes(f_kind, f_handler, f_tenant, f_key, 1000);
+END$$;
+
+-- The reconciler's pass over lapsed slots: deletes up to $1 slots whose
+-- run's lease lapsed (its worker died or lost the store) and wakes, in
+-- their scopes, as many waiters as each has room for. Returns the events
+-- woken.
+CREATE OR REPLACE FUNCTION lapse_slots(integer)
+RETURNS TABLE (tenant text, id uuid)
+LANGUAGE plpgsql VOLATILE
+SET enable_seqscan = off SET enable_bitmapscan = off
+SET plan_cache_mode = force_generic_plan SET jit = off
+SET search_path FROM CURRENT
+AS $$DECLARE
+  f_kind int2[]; f_handler text[]; f_tenant text[]; f_key text[];
+BEGIN
+  WITH d AS (DELETE FROM limit_slots AS t
+              WHERE (t.token, t.kind) IN (SELECT x.token, x.kind FROM limit_slots AS x
+                                           WHERE x.expires_at <= floor(date_part('epoch', now()) * 1000)::bigint
+                                           ORDER BY x.expires_at LIMIT $1)
+             RETURNING t.kind, t.handler, t.tenant, t.key)
+  SELECT array_agg(d.kind), array_agg(d.handler), array_agg(d.tenant), array_agg(d.key)
+    INTO f_kind, f_handler, f_tenant, f_key FROM d;
+  IF f_kind IS NULL THEN
+    RETURN;
+  END IF;
+  RETURN QUERY SELECT * FROM wake_scopes(f_kind, f_handler, f_tenant, f_key, 1000);
+END$$;
+
+-- After a limit of handler $1 and kind $2 is raised or removed: wakes the
+-- waiters its scopes have room for, up to $3 scopes with waiters a call,
+-- those after ($4 tenant, $5 key) in order (NULL: from the first).
+-- Returns the events woken (tenant, id), then, when it looked at $3
+-- scopes, one row with a NULL id naming the last (last_tenant, last_key),
+-- the cursor of the next call.
+CREATE OR REPLACE FUNCTION wake_limit(text, smallint, integer, text, text)
+RETURNS TABLE (tenant text, id uuid, last_tenant text, last_key text)
+LANGUAGE plpgsql VOLATILE
+SET enable_seqscan = off SET enable_bitmapscan = off
+SET enable_hashjoin = off SET enable_mergejoin = off
+SET plan_cache_mode = force_generic_plan SET jit = off
+SET search_path FROM CURRENT
+AS $$#variable_conflict use_column
+DECLARE
+  w_tenant text[]; w_key text[];
+BEGIN
+  -- The next $3 scopes with waiters, by a skip scan of limit_waits_pkey.
+  SELECT array_agg(s.tenant), array_agg(s.key) INTO w_tenant, w_key FROM (
+    WITH RECURSIVE s(tenant, key) AS (
+      (SELECT x.tenant, x.key FROM limit_waits AS x
+        WHERE x.handler = $1 AND x.kind = $2
+          AND ($4 IS NULL OR (x.tenant, x.key) > ($4, $5))
+        ORDER BY x.tenant, x.key LIMIT 1)
+      UNION ALL
+      SELECT n.tenant, n.key FROM s CROSS JOIN LATERAL
+        (SELECT x.tenant, x.key FROM limit_waits AS x
+          WHERE x.handler = $1 AND x.kind = $2 AND (x.tenant, x.key) > (s.tenant, s.key)
+          ORDER BY x.tenant, x.key LIMIT 1) AS n)
+    SELECT s.tenant, s.key FROM s LIMIT $3) AS s;
+  IF w_tenant IS NULL THEN
+    RETURN;
+  END IF;
+  RETURN QUERY SELECT w.tenant, w.id, NULL::text, NULL::text
+    FROM wake_scopes(array_fill($2, ARRAY[cardinality(w_tenant)]),
+                     array_fill($1, ARRAY[cardinality(w_tenant)]), w_tenant, w_key, 1000) AS w;
+  IF cardinality(w_tenant) >= $3 THEN
+    RETURN QUERY SELECT NULL::text, NULL::uuid, w_tenant[cardinality(w_tenant)],
+                        w_key[cardinality(w_key)];
+  END IF;
+END$$;
