@@ -15,7 +15,8 @@ use sqlx::{Connection, Executor, PgConnection};
 
 fn event(handler: &str, run_in: Duration) -> NewEvent {
     NewEvent {
-        concurrency_key: None,
+        // Every column survives a move to events_cold.
+        concurrency_key: Some("k".into()),
         id: EventId::new(),
         tenant: "t".into(),
         handler: handler.into(),

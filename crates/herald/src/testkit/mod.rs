@@ -193,6 +193,7 @@ macro_rules! engine_suite {
     (@suite $make:path, $queue:tt;) => {
         $crate::engine_suite!(@tests $make, $queue;
             one_event_succeeds,
+            a_limited_key_runs_at_most_its_limit_at_once_across_workers,
             three_in_sequence,
             three_at_once,
             settle_calls_overlap_two_at_most,

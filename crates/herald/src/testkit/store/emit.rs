@@ -19,6 +19,7 @@ pub async fn emit_stores_the_event_as_given(store: Arc<dyn Store>) {
     e.run_at = RunAt::At(run_at);
     e.max_attempts = 7;
     e.idempotency_key = Some("k1".into());
+    e.concurrency_key = Some("account-7".into());
     let before = store_now(store).await;
     let id = emit_one(store, e.clone()).await;
     let after = store_now(store).await;
@@ -35,6 +36,7 @@ pub async fn emit_stores_the_event_as_given(store: Arc<dyn Store>) {
     assert_eq!(got.lease, None);
     assert_eq!(got.last_error, None);
     assert_eq!(got.idempotency_key.as_deref(), Some("k1"));
+    assert_eq!(got.concurrency_key.as_deref(), Some("account-7"));
     assert!(got.created_at >= before && got.created_at <= after);
     assert_eq!(got.updated_at, got.created_at);
     assert_eq!(store.get(EventId::new()).await.expect("get"), None);
