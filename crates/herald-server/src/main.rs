@@ -58,6 +58,9 @@ enum Command {
     Block(cli::rules::RuleArgs),
     /// Remove a block; prints what still holds and how many were re-notified.
     Unblock(cli::rules::RuleArgs),
+    /// List, set or remove concurrency limits on a running server.
+    #[command(subcommand)]
+    Limits(cli::limits::LimitsCommand),
     /// List, add, pause, resume or delete schedules on a running server.
     #[command(subcommand)]
     Schedules(cli::schedules::SchedulesCommand),
@@ -123,6 +126,7 @@ fn main() -> std::process::ExitCode {
             Command::Emit(args) => exit(cli::emit::run(args).await),
             Command::Events(command) => exit(cli::events::run(command).await),
             Command::Schedules(command) => exit(cli::schedules::run(command).await),
+            Command::Limits(command) => exit(cli::limits::run(command).await),
             Command::Pause(args) => exit(rule(Kind::Pause, true, args).await),
             Command::Unpause(args) => exit(rule(Kind::Pause, false, args).await),
             Command::Block(args) => exit(rule(Kind::Block, true, args).await),

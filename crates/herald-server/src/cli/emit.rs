@@ -30,6 +30,10 @@ pub struct EmitArgs {
     /// Idempotency key: emitting the same key again returns the first event.
     #[arg(long, value_name = "IDEMPOTENCY_KEY")]
     pub key: Option<String>,
+    /// Concurrency key: the handler's limits per key count its runs under
+    /// this key ("account-7").
+    #[arg(long, value_name = "KEY")]
+    pub concurrency_key: Option<String>,
     /// The server, the token, and `--json`.
     #[command(flatten)]
     pub remote: Remote,
@@ -48,6 +52,8 @@ struct Body<'a> {
     max_attempts: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     idempotency_key: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    concurrency_key: Option<&'a str>,
 }
 
 /// The payload argument: JSON text, `-` for stdin, `{}` when left out.
@@ -91,6 +97,7 @@ pub async fn run(args: EmitArgs) -> Result<(), Failure> {
         run_at: args.run_at.as_deref(),
         max_attempts: args.max_attempts,
         idempotency_key: args.key.as_deref(),
+        concurrency_key: args.concurrency_key.as_deref(),
     };
     let body = serde_json::to_string(&body)
         .map_err(|e| Failure::new(exit::OTHER, format!("cannot encode the request: {e}")))?;

@@ -1,11 +1,13 @@
 //! The operator's CLI: `herald emit`, `herald events …`, `herald pause` and
-//! the other rule verbs, `herald schedules …`, and `herald stats`. Each talks to a running
+//! the other rule verbs, `herald limits …`, `herald schedules …`, and
+//! `herald stats`. Each talks to a running
 //! `herald serve` over its JSON API (`/v1`), prints a readable table, or
 //! with `--json` the server's JSON, and exits with a status scripts can
 //! trust (see [`exit`]).
 
 pub mod emit;
 pub mod events;
+pub mod limits;
 pub mod rules;
 pub mod schedules;
 pub mod stats;
@@ -36,7 +38,7 @@ pub mod exit {
 
 /// The exit-status table shown by `herald --help`.
 pub const EXIT_HELP: &str = "\
-Exit status of emit, events, pause, unpause, block, unblock, schedules, stats and topics:
+Exit status of emit, events, pause, unpause, block, unblock, limits, schedules, stats and topics:
   0  success
   1  other error (unexpected answer, unreadable stdin)
   2  usage error or bad input (bad arguments, payload not JSON, a topic without

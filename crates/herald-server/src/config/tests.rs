@@ -990,3 +990,56 @@ fn a_bad_schedule_is_refused_naming_its_key() {
     let m = message(load_with(Some(&twice), &[], Overrides::default()));
     assert!(m.contains("schedules[1].name: "), "{m}");
 }
+
+#[test]
+fn a_handler_s_limits_are_read_and_checked() {
+    let c = load_with(
+        Some(
+            r#"
+[handlers.sync]
+kind = "command"
+command = ["true"]
+[handlers.sync.limit]
+running = 20
+per_tenant = 5
+per_key = 1
+"#,
+        ),
+        &[],
+        Overrides::default(),
+    )
+    .unwrap();
+    let limit = |scope, running| herald::Limit {
+        handler: "sync".into(),
+        scope,
+        running,
+    };
+    assert_eq!(
+        c.run_limits,
+        vec![
+            limit(herald::LimitScope::Handler, 20),
+            limit(herald::LimitScope::Tenant { tenant: None }, 5),
+            limit(herald::LimitScope::Key { key: None }, 1),
+        ]
+    );
+    assert!(
+        c.handlers["sync"].get("limit").is_none(),
+        "the handler's own table no longer holds its limit"
+    );
+    for (text, words) in [
+        ("per_key = 0", vec!["handlers.sync.limit.per_key", "pause"]),
+        ("per_host = 1", vec!["handlers.sync.limit", "per_host"]),
+        ("running = \"ten\"", vec!["handlers.sync.limit", "\"ten\""]),
+    ] {
+        let m = message(load_with(
+            Some(&format!(
+                "[handlers.sync]\nkind = \"command\"\ncommand = [\"true\"]\n[handlers.sync.limit]\n{text}\n"
+            )),
+            &[],
+            Overrides::default(),
+        ));
+        for w in words {
+            assert!(m.contains(w), "{w:?} in {m}");
+        }
+    }
+}

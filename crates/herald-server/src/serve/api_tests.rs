@@ -1847,3 +1847,140 @@ async fn a_bad_schedule_is_refused_naming_the_field_and_nothing_is_stored() {
     let (_, v) = h.call(Method::GET, base, Some(ACME), None).await;
     assert_eq!(v["schedules"], json!([]), "nothing stored");
 }
+
+/// Polls `GET path` as acme until `done` holds of the event (10 s at most).
+async fn event_until(h: &Harness, path: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let mut event = Value::Null;
+    for _ in 0..500 {
+        event = h.call(Method::GET, path, Some(ACME), None).await.1;
+        if done(&event) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    event
+}
+
+#[tokio::test]
+async fn a_limit_is_set_listed_and_removed_and_an_event_says_it_waits_for_it() {
+    let h = Harness::with_worker(tokens(), |b| {
+        b.handler("sync", |_: Value, cx: Context| async move {
+            cx.cancelled().await;
+        })
+    })
+    .await;
+    let limit = |body: Value| async {
+        h.call(Method::PUT, "/v1/limits", Some(OPERATOR), Some(body))
+            .await
+    };
+    let per_key = json!({"handler": "sync", "per": "key", "running": 1});
+    let (status, v) = limit(per_key.clone()).await;
+    assert_eq!(
+        (status, &v["changed"]),
+        (StatusCode::OK, &json!(true)),
+        "{v}"
+    );
+    let (_, v) = limit(per_key).await;
+    assert_eq!(v["changed"], json!(false), "already so: {v}");
+    // A tenant sets its own tenant's limits, not the defaults nor another's.
+    let own =
+        json!({"handler": "sync", "per": "key", "tenant": "acme", "key": "vip", "running": 3});
+    let (status, v) = h
+        .call(Method::PUT, "/v1/limits", Some(ACME), Some(own.clone()))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let (status, _) = h
+        .call(Method::PUT, "/v1/limits", Some(BETA), Some(own))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let every = json!({"handler": "sync", "per": "tenant", "running": 3});
+    let (status, _) = h
+        .call(Method::PUT, "/v1/limits", Some(ACME), Some(every))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    for (body, words) in [
+        (
+            json!({"handler": "sync", "per": "everyone", "running": 1}),
+            vec!["per", "everyone"],
+        ),
+        (
+            json!({"handler": "sync", "per": "handler", "tenant": "acme", "running": 1}),
+            vec!["takes neither"],
+        ),
+        (
+            json!({"handler": "sync", "per": "handler", "running": 0}),
+            vec!["pause"],
+        ),
+        (
+            json!({"handler": "sync", "per": "handler", "running": 100001}),
+            vec!["at most"],
+        ),
+    ] {
+        let (status, v) = limit(body).await;
+        assert_error(
+            status,
+            &v,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_limit",
+            &words,
+        );
+    }
+    let (status, v) = h.call(Method::GET, "/v1/limits", Some(ACME), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        v["limits"],
+        json!([
+            {"handler": "sync", "per": "key", "running": 1, "source": "api"},
+            {"handler": "sync", "per": "key", "tenant": "acme", "key": "vip", "running": 3, "source": "api"},
+        ])
+    );
+    // Two events of one key: one runs, the other waits, and says so.
+    let event =
+        json!({"tenant": "acme", "handler": "sync", "payload": {}, "concurrency_key": "k9"});
+    let first = h.emit(ACME, event.clone()).await;
+    let first = event_until(&h, &format!("/v1/events/{first}"), |e| {
+        e["running"] == json!(true)
+    })
+    .await;
+    assert_eq!(first["concurrency_key"], "k9", "{first}");
+    let second = h.emit(ACME, event).await;
+    let path = format!("/v1/events/{second}");
+    let waiting = event_until(&h, &path, |e| !e["waiting_for"].is_null()).await;
+    assert_eq!(
+        waiting["waiting_for"],
+        json!({"per": "key", "tenant": "acme", "key": "k9", "running": 1, "limit": 1,
+               "reason": "1 of 1 running for key \"k9\" of handler \"sync\""}),
+        "{waiting}"
+    );
+    // Removing the limit lets it run.
+    let (status, v) = h
+        .call(
+            Method::DELETE,
+            "/v1/limits?handler=sync&per=key",
+            Some(OPERATOR),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, &v["removed"]),
+        (StatusCode::OK, &json!(true)),
+        "{v}"
+    );
+    let ran = event_until(&h, &path, |e| e["running"] == json!(true)).await;
+    assert_eq!(
+        ran["running"],
+        json!(true),
+        "woken when its limit went: {ran}"
+    );
+    assert!(ran["waiting_for"].is_null(), "{ran}");
+    let (_, v) = h
+        .call(
+            Method::DELETE,
+            "/v1/limits?handler=sync&per=key",
+            Some(OPERATOR),
+            None,
+        )
+        .await;
+    assert_eq!(v["removed"], json!(false));
+    h.stop().await;
+}
