@@ -688,6 +688,23 @@ mod tests {
     }
 
     #[test]
+    fn limited_is_dropped_and_kept() {
+        let e = event();
+        let wait = crate::limit::LimitWait {
+            handler: e.handler.clone(),
+            scope: crate::limit::LimitScope::Handler,
+            running: 3,
+            limit: 3,
+        };
+        let mut s = seen(Some(&e));
+        s.waiting = Some(&wait);
+        assert_eq!(admit(s, &policy(), 0.5), drop_of(DropReason::Limited));
+        // A rule is reported first: lifting it re-notifies the event.
+        s.rules.paused = true;
+        assert_eq!(admit(s, &policy(), 0.5), drop_of(DropReason::Paused));
+    }
+
+    #[test]
     fn block_wins_over_pause() {
         let e = event();
         let mut s = seen(Some(&e));

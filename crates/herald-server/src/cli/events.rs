@@ -201,6 +201,12 @@ async fn show(args: IdArgs) -> Result<(), Failure> {
     if !e["idempotency_key"].is_null() {
         lines.push(("idempotency_key", text(&e["idempotency_key"])));
     }
+    if !e["concurrency_key"].is_null() {
+        lines.push(("concurrency_key", text(&e["concurrency_key"])));
+    }
+    if !e["waiting_for"].is_null() {
+        lines.push(("waiting_for", text(&e["waiting_for"]["reason"])));
+    }
     if !e["topic"].is_null() {
         lines.push(("topic", text(&e["topic"])));
     }
