@@ -24,7 +24,8 @@ CREATE TABLE events (
     errors jsonb,
     id_key uuid GENERATED ALWAYS AS (id) STORED,
     topic text,
-    concurrency_key text
+    concurrency_key text,
+    rate_turn bigint
 ) PARTITION BY LIST (leaf);
 CREATE TABLE events_1 (
     id uuid NOT NULL,
@@ -47,7 +48,8 @@ CREATE TABLE events_1 (
     errors jsonb,
     id_key uuid GENERATED ALWAYS AS (id) STORED,
     topic text,
-    concurrency_key text
+    concurrency_key text,
+    rate_turn bigint
 ) PARTITION OF events FOR VALUES IN ('1') WITH (fillfactor=45, autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=10000, autovacuum_vacuum_insert_scale_factor=0, autovacuum_vacuum_insert_threshold=10000, autovacuum_analyze_scale_factor=0, autovacuum_analyze_threshold=50000, autovacuum_vacuum_cost_delay=0, autovacuum_vacuum_cost_limit=10000);
 CREATE TABLE events_2 (
     id uuid NOT NULL,
@@ -70,7 +72,8 @@ CREATE TABLE events_2 (
     errors jsonb,
     id_key uuid GENERATED ALWAYS AS (id) STORED,
     topic text,
-    concurrency_key text
+    concurrency_key text,
+    rate_turn bigint
 ) PARTITION OF events FOR VALUES IN ('2') WITH (fillfactor=45, autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=10000, autovacuum_vacuum_insert_scale_factor=0, autovacuum_vacuum_insert_threshold=10000, autovacuum_analyze_scale_factor=0, autovacuum_analyze_threshold=50000, autovacuum_vacuum_cost_delay=0, autovacuum_vacuum_cost_limit=10000);
 CREATE TABLE events_3 (
     id uuid NOT NULL,
@@ -93,7 +96,8 @@ CREATE TABLE events_3 (
     errors jsonb,
     id_key uuid GENERATED ALWAYS AS (id) STORED,
     topic text,
-    concurrency_key text
+    concurrency_key text,
+    rate_turn bigint
 ) PARTITION OF events FOR VALUES IN ('3') WITH (fillfactor=45, autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=10000, autovacuum_vacuum_insert_scale_factor=0, autovacuum_vacuum_insert_threshold=10000, autovacuum_analyze_scale_factor=0, autovacuum_analyze_threshold=50000, autovacuum_vacuum_cost_delay=0, autovacuum_vacuum_cost_limit=10000);
 CREATE TABLE events_cold (
     id uuid NOT NULL,
@@ -116,7 +120,8 @@ CREATE TABLE events_cold (
     errors jsonb,
     id_key uuid GENERATED ALWAYS AS (id) STORED,
     topic text,
-    concurrency_key text
+    concurrency_key text,
+    rate_turn bigint
 ) PARTITION OF events FOR VALUES IN ('0') WITH (fillfactor=45, autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=10000, autovacuum_vacuum_insert_scale_factor=0, autovacuum_vacuum_insert_threshold=10000, autovacuum_analyze_scale_factor=0, autovacuum_analyze_threshold=50000, autovacuum_vacuum_cost_delay=0, autovacuum_vacuum_cost_limit=10000);
 CREATE TABLE idempotency_keys (
     tenant text NOT NULL,
@@ -153,7 +158,10 @@ CREATE TABLE limits (
     kind smallint NOT NULL,
     tenant text NOT NULL,
     key text NOT NULL,
-    running integer NOT NULL,
+    running integer,
+    starts integer,
+    period_ms bigint,
+    burst integer,
     source text NOT NULL,
     created_at bigint NOT NULL
 );
@@ -164,6 +172,13 @@ CREATE TABLE meta (
 CREATE TABLE parked (
     tenant text NOT NULL,
     handler text NOT NULL
+);
+CREATE TABLE rate_state (
+    handler text NOT NULL,
+    kind smallint NOT NULL,
+    tenant text NOT NULL,
+    key text NOT NULL,
+    tat bigint NOT NULL
 );
 CREATE TABLE ring (
     leaf smallint NOT NULL,
@@ -240,15 +255,21 @@ ALTER TABLE idempotency_keys ADD CONSTRAINT idempotency_keys_pkey PRIMARY KEY (t
 ALTER TABLE leaders ADD CONSTRAINT leaders_pkey PRIMARY KEY (role);
 ALTER TABLE limit_slots ADD CONSTRAINT limit_slots_pkey PRIMARY KEY (token, kind);
 ALTER TABLE limit_waits ADD CONSTRAINT limit_waits_pkey PRIMARY KEY (handler, kind, tenant, key, seq);
+ALTER TABLE limits ADD CONSTRAINT limits_burst_check CHECK ((burst > 0));
 ALTER TABLE limits ADD CONSTRAINT limits_check CHECK (((kind > 0) OR (tenant = ''::text)));
 ALTER TABLE limits ADD CONSTRAINT limits_check1 CHECK (((kind = 2) OR (key = ''::text)));
 ALTER TABLE limits ADD CONSTRAINT limits_check2 CHECK ((((tenant = ''::text) = (key = ''::text)) OR (kind < 2)));
+ALTER TABLE limits ADD CONSTRAINT limits_check3 CHECK (((running IS NOT NULL) OR (starts IS NOT NULL)));
+ALTER TABLE limits ADD CONSTRAINT limits_check4 CHECK ((((starts IS NULL) = (period_ms IS NULL)) AND ((starts IS NULL) = (burst IS NULL))));
 ALTER TABLE limits ADD CONSTRAINT limits_kind_check CHECK ((kind = ANY (ARRAY[0, 1, 2])));
+ALTER TABLE limits ADD CONSTRAINT limits_period_ms_check CHECK ((period_ms > 0));
 ALTER TABLE limits ADD CONSTRAINT limits_pkey PRIMARY KEY (handler, kind, tenant, key);
 ALTER TABLE limits ADD CONSTRAINT limits_running_check CHECK ((running > 0));
 ALTER TABLE limits ADD CONSTRAINT limits_source_check CHECK ((source = ANY (ARRAY['config'::text, 'api'::text])));
+ALTER TABLE limits ADD CONSTRAINT limits_starts_check CHECK ((starts > 0));
 ALTER TABLE meta ADD CONSTRAINT meta_pkey PRIMARY KEY (key);
 ALTER TABLE parked ADD CONSTRAINT parked_pkey PRIMARY KEY (tenant, handler);
+ALTER TABLE rate_state ADD CONSTRAINT rate_state_pkey PRIMARY KEY (handler, kind, tenant, key);
 ALTER TABLE ring ADD CONSTRAINT ring_leaf_check CHECK (((leaf >= 1) AND (leaf <= 3)));
 ALTER TABLE ring ADD CONSTRAINT ring_phase_check CHECK ((phase = ANY (ARRAY['filling'::text, 'draining'::text, 'empty'::text])));
 ALTER TABLE ring ADD CONSTRAINT ring_pkey PRIMARY KEY (leaf);
@@ -303,6 +324,7 @@ CREATE UNIQUE INDEX limit_waits_pkey ON herald.limit_waits USING btree (handler,
 CREATE UNIQUE INDEX limits_pkey ON herald.limits USING btree (handler, kind, tenant, key);
 CREATE UNIQUE INDEX meta_pkey ON herald.meta USING btree (key);
 CREATE UNIQUE INDEX parked_pkey ON herald.parked USING btree (tenant, handler);
+CREATE UNIQUE INDEX rate_state_pkey ON herald.rate_state USING btree (handler, kind, tenant, key);
 CREATE UNIQUE INDEX ring_empty_pkey ON herald.ring_empty USING btree (leaf);
 CREATE UNIQUE INDEX ring_pkey ON herald.ring USING btree (leaf);
 CREATE INDEX rules_by_handler ON herald.rules USING btree (handler);
@@ -392,15 +414,21 @@ CREATE OR REPLACE FUNCTION herald.claim_limited(uuid[], bigint, uuid[], text[], 
 AS $function$DECLARE
   got events[];
   now_ms bigint := floor(date_part('epoch', now()) * 1000)::bigint;
+  now_us bigint := floor(date_part('epoch', now()) * 1000000)::bigint;
   s_id uuid[]; s_kind int2[]; s_handler text[]; s_tenant text[]; s_key text[];
   s_token uuid[]; s_expires int8[]; s_name text[];
-  q_name text[]; q_kind int2[]; q_handler text[]; q_tenant text[]; q_key text[]; q_room int8[];
+  q_name text[]; q_kind int2[]; q_handler text[]; q_tenant text[]; q_key text[];
+  q_room int8[]; q_interval int8[]; q_tau int8[]; q_tat int8[];
   ev record;
   i integer;
   full_at integer;
+  turn bigint;
+  charged boolean[];
   kept uuid[] := '{}';
   r_id uuid[] := '{}';
   r_at int4[] := '{}';
+  d_id uuid[] := '{}';
+  d_turn int8[] := '{}';
   lock_key integer;
 BEGIN
   WITH c AS (
@@ -425,7 +453,8 @@ BEGIN
     FROM unnest(got) AS g
     CROSS JOIN LATERAL (VALUES (0::int2, ''::text, ''::text), (1::int2, g.tenant, ''::text),
                                (2::int2, g.tenant, g.concurrency_key)) AS x(kind, tenant, key)
-   WHERE x.key IS NOT NULL AND scope_limit(x.kind, g.handler, x.tenant, x.key) IS NOT NULL;
+   WHERE x.key IS NOT NULL
+     AND (scope_row(x.kind, g.handler, x.tenant, x.key)).handler IS NOT NULL;
   IF s_id IS NULL THEN
     RETURN QUERY SELECT * FROM unnest(got);
     RETURN;
@@ -438,15 +467,26 @@ BEGIN
   SELECT array_agg(q.name ORDER BY q.name), array_agg(q.kind ORDER BY q.name),
          array_agg(q.handler ORDER BY q.name), array_agg(q.tenant ORDER BY q.name),
          array_agg(q.key ORDER BY q.name),
-         array_agg(scope_limit(q.kind, q.handler, q.tenant, q.key)
+         array_agg((q.l).running
                    - (SELECT count(*) FROM limit_slots AS t
                       WHERE t.handler = q.handler AND t.kind = q.kind AND t.tenant = q.tenant
-                        AND t.key = q.key AND t.expires_at > now_ms) ORDER BY q.name)
-    INTO q_name, q_kind, q_handler, q_tenant, q_key, q_room
-    FROM (SELECT DISTINCT s.name, s.kind, s.handler, s.tenant, s.key
-            FROM unnest(s_name, s_kind, s_handler, s_tenant, s_key)
-                 AS s(name, kind, handler, tenant, key)) AS q;
-  FOR ev IN SELECT s.id, array_agg(array_position(q_name, s.name) ORDER BY s.kind) AS at
+                        AND t.key = q.key AND t.expires_at > now_ms) ORDER BY q.name),
+         array_agg(CASE WHEN (q.l).starts IS NOT NULL
+                        THEN greatest((q.l).period_ms * 1000 / (q.l).starts, 1) END ORDER BY q.name),
+         array_agg(CASE WHEN (q.l).starts IS NOT NULL
+                        THEN ((q.l).burst - 1) * greatest((q.l).period_ms * 1000 / (q.l).starts, 1)
+                   END ORDER BY q.name),
+         array_agg(coalesce((SELECT r.tat FROM rate_state AS r
+                             WHERE r.handler = q.handler AND r.kind = q.kind
+                               AND r.tenant = q.tenant AND r.key = q.key), 0) ORDER BY q.name)
+    INTO q_name, q_kind, q_handler, q_tenant, q_key, q_room, q_interval, q_tau, q_tat
+    FROM (SELECT d.*, scope_row(d.kind, d.handler, d.tenant, d.key) AS l
+            FROM (SELECT DISTINCT s.name, s.kind, s.handler, s.tenant, s.key
+                    FROM unnest(s_name, s_kind, s_handler, s_tenant, s_key)
+                         AS s(name, kind, handler, tenant, key)) AS d) AS q;
+  charged := array_fill(false, ARRAY[cardinality(q_name)]);
+  FOR ev IN SELECT s.id, array_agg(array_position(q_name, s.name) ORDER BY s.kind) AS at,
+                   (SELECT g.rate_turn FROM unnest(got) AS g WHERE g.id = s.id) AS booked
               FROM unnest(s_id, s_name, s_kind) AS s(id, name, kind)
              GROUP BY s.id ORDER BY s.id LOOP
     full_at := NULL;
@@ -456,15 +496,39 @@ BEGIN
         EXIT;
       END IF;
     END LOOP;
-    IF full_at IS NULL THEN
-      FOREACH i IN ARRAY ev.at LOOP
-        q_room[i] := q_room[i] - 1;
-      END LOOP;
-      kept := kept || ev.id;
-    ELSE
+    IF full_at IS NOT NULL THEN
       r_id := r_id || ev.id;
       r_at := r_at || full_at;
+      CONTINUE;
     END IF;
+    turn := NULL;
+    FOREACH i IN ARRAY ev.at LOOP
+      IF q_interval[i] IS NOT NULL
+         AND NOT (ev.booked IS NOT NULL AND now_us < ev.booked * 1000 + q_interval[i])
+         AND q_tat[i] > now_us + q_tau[i] THEN
+        turn := greatest(turn, q_tat[i] - q_tau[i]);
+      END IF;
+    END LOOP;
+    IF turn IS NOT NULL THEN
+      FOREACH i IN ARRAY ev.at LOOP
+        IF q_interval[i] IS NOT NULL THEN
+          q_tat[i] := greatest(q_tat[i], turn) + q_interval[i];
+          charged[i] := true;
+        END IF;
+      END LOOP;
+      d_id := d_id || ev.id;
+      d_turn := d_turn || ((turn + 999) / 1000);
+      CONTINUE;
+    END IF;
+    FOREACH i IN ARRAY ev.at LOOP
+      q_room[i] := q_room[i] - 1;
+      IF q_interval[i] IS NOT NULL
+         AND NOT (ev.booked IS NOT NULL AND now_us < ev.booked * 1000 + q_interval[i]) THEN
+        q_tat[i] := greatest(q_tat[i], now_us) + q_interval[i];
+        charged[i] := true;
+      END IF;
+    END LOOP;
+    kept := kept || ev.id;
   END LOOP;
   IF cardinality(r_id) > 0 THEN
     UPDATE events AS e
@@ -475,12 +539,32 @@ BEGIN
     SELECT q_handler[w.at], q_kind[w.at], q_tenant[w.at], q_key[w.at], w.id
       FROM unnest(r_id, r_at) AS w(id, at);
   END IF;
+  IF cardinality(d_id) > 0 THEN
+    UPDATE events AS e
+       SET attempt = e.attempt - 1, lease_token = NULL, lease_expires_at = NULL,
+           run_at = d.turn, notified_at = d.turn, rate_turn = d.turn
+      FROM unnest(d_id, d_turn) AS d(id, turn)
+     WHERE e.id = ANY(d_id) AND e.id = d.id AND e.lease_token = ANY(s_token)
+       AND (e.state + 0) = 0;
+  END IF;
+  IF true = ANY(charged) THEN
+    INSERT INTO rate_state AS r (handler, kind, tenant, key, tat)
+    SELECT q_handler[c.i], q_kind[c.i], q_tenant[c.i], q_key[c.i], q_tat[c.i]
+      FROM generate_subscripts(charged, 1) AS c(i) WHERE charged[c.i]
+    ON CONFLICT (handler, kind, tenant, key) DO UPDATE SET tat = excluded.tat;
+  END IF;
+  IF EXISTS (SELECT 1 FROM unnest(got) AS g WHERE g.rate_turn IS NOT NULL AND g.id = ANY(kept)) THEN
+    UPDATE events AS e SET rate_turn = NULL
+     WHERE e.id = ANY(kept) AND e.rate_turn IS NOT NULL;
+  END IF;
   INSERT INTO limit_slots (token, kind, handler, tenant, key, event_id, expires_at)
   SELECT s.token, s.kind, s.handler, s.tenant, s.key, s.id, s.expires
     FROM unnest(s_id, s_kind, s_handler, s_tenant, s_key, s_token, s_expires)
          AS s(id, kind, handler, tenant, key, token, expires)
-   WHERE s.id = ANY(kept);
-  RETURN QUERY SELECT * FROM unnest(got) AS g WHERE g.id <> ALL(r_id);
+   WHERE s.id = ANY(kept) AND q_room[array_position(q_name, s.kind::text || '/' || s.handler
+                                                  || '/' || s.tenant || '/' || s.key)] IS NOT NULL;
+  RETURN QUERY SELECT * FROM unnest(got) AS g
+   WHERE g.id <> ALL(r_id) AND g.id <> ALL(d_id);
 END$function$
 ;
 CREATE OR REPLACE FUNCTION herald.emit(uuid[], text[], text[], text[], bigint[], integer[], text[], text[], bigint[], text[])
@@ -560,7 +644,7 @@ BEGIN
 END$function$
 ;
 CREATE OR REPLACE FUNCTION herald.inspect(uuid[])
- RETURNS TABLE(now bigint, id uuid, tenant text, handler text, payload text, state smallint, run_at bigint, attempt integer, max_attempts integer, lease_token uuid, lease_expires_at bigint, last_error text, idempotency_key text, created_at bigint, updated_at bigint, topic text, concurrency_key text, blocked boolean, paused boolean, wait_kind smallint, wait_tenant text, wait_key text, wait_running bigint, wait_limit integer)
+ RETURNS TABLE(now bigint, id uuid, tenant text, handler text, payload text, state smallint, run_at bigint, attempt integer, max_attempts integer, lease_token uuid, lease_expires_at bigint, last_error text, idempotency_key text, created_at bigint, updated_at bigint, topic text, concurrency_key text, rate_turn bigint, blocked boolean, paused boolean, wait_kind smallint, wait_tenant text, wait_key text, wait_running bigint, wait_limit integer)
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
  SET enable_bitmapscan TO 'off'
@@ -571,7 +655,7 @@ CREATE OR REPLACE FUNCTION herald.inspect(uuid[])
  SET search_path TO 'herald', 'pg_catalog'
 AS $function$BEGIN RETURN QUERY SELECT c.now, e.id, e.tenant, e.handler, e.payload, e.state, e.run_at,
        e.attempt, e.max_attempts, e.lease_token, e.lease_expires_at, e.last_error,
-       e.idempotency_key, e.created_at, e.updated_at, e.topic, e.concurrency_key,
+       e.idempotency_key, e.created_at, e.updated_at, e.topic, e.concurrency_key, e.rate_turn,
        EXISTS (SELECT 1 FROM rules AS r WHERE r.tenant = e.tenant
                AND r.handler = e.handler AND r.kind = 'block'),
        EXISTS (SELECT 1 FROM rules AS r WHERE r.tenant = e.tenant
@@ -725,10 +809,10 @@ AS $function$#variable_conflict use_column
 DECLARE n_moved bigint; n_left bigint; leaf_table text := 'events_' || $1;
   columns text := 'id, run_at, notified_at, lease_expires_at, created_at, updated_at, '
     'finished_at, attempt, max_attempts, state, leaf, lease_token, tenant, handler, '
-    'idempotency_key, last_error, payload, errors, topic, concurrency_key';
+    'idempotency_key, last_error, payload, errors, topic, concurrency_key, rate_turn';
   copied text := 'id, run_at, notified_at, lease_expires_at, created_at, updated_at, '
     'finished_at, attempt, max_attempts, state, 0, lease_token, tenant, handler, '
-    'idempotency_key, last_error, payload, errors, topic, concurrency_key';
+    'idempotency_key, last_error, payload, errors, topic, concurrency_key, rate_turn';
 BEGIN
   PERFORM 1 FROM ring AS r WHERE r.leaf = $1 AND r.phase = 'draining' FOR UPDATE;
   IF NOT FOUND THEN
@@ -781,6 +865,16 @@ CREATE OR REPLACE FUNCTION herald.scope_lock_key(smallint, text, text, text)
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
 AS $function$SELECT hashtext($1::text || '/' || $2 || '/' || $3 || '/' || $4)$function$
+;
+CREATE OR REPLACE FUNCTION herald.scope_row(smallint, text, text, text)
+ RETURNS herald.limits
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'herald', 'pg_catalog'
+AS $function$SELECT l.* FROM limits AS l
+     WHERE l.handler = $2 AND l.kind = $1
+       AND (l.tenant = $3 OR l.tenant = '') AND (l.key = $4 OR l.key = '')
+     ORDER BY l.tenant DESC, l.key DESC LIMIT 1$function$
 ;
 CREATE OR REPLACE FUNCTION herald.settle_archive(uuid[], uuid[], integer[])
  RETURNS SETOF integer

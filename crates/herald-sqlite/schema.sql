@@ -21,7 +21,8 @@ CREATE TABLE events (
     finished_at      INTEGER,
     errors           TEXT,
     topic            TEXT,
-    concurrency_key  TEXT
+    concurrency_key  TEXT,
+    rate_turn        INTEGER
 ) STRICT;
 
 CREATE INDEX events_by_handler ON events (tenant, handler, state, id);
@@ -95,16 +96,29 @@ CREATE TABLE limits (
     kind       INTEGER NOT NULL CHECK (kind IN (0, 1, 2)),
     tenant     TEXT    NOT NULL,
     key        TEXT    NOT NULL,
-    running    INTEGER NOT NULL CHECK (running > 0),
+    running    INTEGER CHECK (running > 0),
+    starts     INTEGER CHECK (starts > 0),
+    period_ms  INTEGER CHECK (period_ms > 0),
+    burst      INTEGER CHECK (burst > 0),
     source     TEXT    NOT NULL CHECK (source IN ('config', 'api')),
     created_at INTEGER NOT NULL,
-    PRIMARY KEY (handler, kind, tenant, key)
+    PRIMARY KEY (handler, kind, tenant, key),
+    CHECK (running IS NOT NULL OR starts IS NOT NULL)
 ) STRICT, WITHOUT ROWID;
 
 CREATE TABLE parked (
     tenant  TEXT NOT NULL,
     handler TEXT NOT NULL,
     PRIMARY KEY (tenant, handler)
+) STRICT, WITHOUT ROWID;
+
+CREATE TABLE rate_state (
+    handler TEXT    NOT NULL,
+    kind    INTEGER NOT NULL,
+    tenant  TEXT    NOT NULL,
+    key     TEXT    NOT NULL,
+    tat     INTEGER NOT NULL,
+    PRIMARY KEY (handler, kind, tenant, key)
 ) STRICT, WITHOUT ROWID;
 
 CREATE TABLE rules (

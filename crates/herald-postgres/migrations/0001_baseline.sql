@@ -71,6 +71,10 @@ CREATE TABLE events (
     topic            text,
     -- The concurrency key it was emitted with (limits.sql): NULL for none.
     concurrency_key  text,
+    -- The turn a rate limit booked for it (ms, the database's clock), when
+    -- a claim found it over the rate and moved its run_at there; the claim
+    -- at that turn starts it without charging the rate again.
+    rate_turn        bigint,
     CONSTRAINT events_attempt_check1 CHECK (attempt >= 0),
     CONSTRAINT events_max_attempts_check1 CHECK (max_attempts >= 0),
     CONSTRAINT events_state_check1 CHECK (state IN (0, 1, 2)),
@@ -165,25 +169,45 @@ CREATE INDEX events_parked ON events (tenant, handler, id_key)
 CREATE INDEX events_finished ON events (state, finished_at)
     WHERE finished_at IS NOT NULL;
 
--- Concurrency limits (ADR 0017, ../sql/limits.sql): at most `running`
--- runs at once of `handler`'s events, counted by `kind`: 0 all of them,
--- 1 each tenant's, 2 each concurrency key's. `tenant` (kinds 1 and 2)
--- and `key` (kind 2) name the one tenant or key the row is for, '' the
--- default of every one without a row of its own (names and keys are
--- never empty). `source` as for subscriptions: 'config' rows are replaced
--- whenever herald.toml is loaded, 'api' rows kept until removed.
+-- Limits (ADR 0017, ../sql/limits.sql) of `handler`'s events, counted by
+-- `kind`: 0 all of them, 1 each tenant's, 2 each concurrency key's:
+-- at most `running` runs at once, and at most `starts` starts per
+-- `period_ms` with a `burst`. `tenant` (kinds 1 and 2) and `key` (kind 2)
+-- name the one tenant or key the row is for, '' the default of every one
+-- without a row of its own (names and keys are never empty). `source` as
+-- for subscriptions: 'config' rows are replaced whenever herald.toml is
+-- loaded, 'api' rows kept until removed.
 CREATE TABLE limits (
     handler    text     NOT NULL,
     kind       smallint NOT NULL CHECK (kind IN (0, 1, 2)),
     tenant     text     NOT NULL,
     key        text     NOT NULL,
-    running    integer  NOT NULL CHECK (running > 0),
+    running    integer  CHECK (running > 0),
+    starts     integer  CHECK (starts > 0),
+    period_ms  bigint   CHECK (period_ms > 0),
+    burst      integer  CHECK (burst > 0),
     source     text     NOT NULL CHECK (source IN ('config', 'api')),
     created_at bigint   NOT NULL,
     PRIMARY KEY (handler, kind, tenant, key),
     CHECK (kind > 0 OR tenant = ''),
     CHECK (kind = 2 OR key = ''),
-    CHECK ((tenant = '') = (key = '') OR kind < 2)
+    CHECK ((tenant = '') = (key = '') OR kind < 2),
+    CHECK (running IS NOT NULL OR starts IS NOT NULL),
+    CHECK ((starts IS NULL) = (period_ms IS NULL) AND (starts IS NULL) = (burst IS NULL))
+);
+
+-- Each rate-limited scope's GCRA state: its theoretical arrival time, in
+-- microseconds of the database's clock. A start conforms when `tat` is at
+-- most now plus the burst's tolerance, and moves `tat` one interval
+-- (period / starts) past the later of itself and now. Written by the
+-- claim under the scope's lock.
+CREATE TABLE rate_state (
+    handler text     NOT NULL,
+    kind    smallint NOT NULL,
+    tenant  text     NOT NULL,
+    key     text     NOT NULL,
+    tat     bigint   NOT NULL,
+    PRIMARY KEY (handler, kind, tenant, key)
 );
 
 -- The slots that runs of limited events hold: one row per run (its lease

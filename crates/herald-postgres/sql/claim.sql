@@ -123,7 +123,7 @@ RETURNS TABLE (now bigint, id uuid, tenant text, handler text, payload text, sta
                run_at bigint, attempt integer, max_attempts integer, lease_token uuid,
                lease_expires_at bigint, last_error text, idempotency_key text,
                created_at bigint, updated_at bigint, topic text, concurrency_key text,
-               blocked boolean, paused boolean, wait_kind smallint, wait_tenant text,
+               rate_turn bigint, blocked boolean, paused boolean, wait_kind smallint, wait_tenant text,
                wait_key text, wait_running bigint, wait_limit integer)
 LANGUAGE plpgsql VOLATILE
 SET enable_seqscan = off SET enable_bitmapscan = off
@@ -133,7 +133,7 @@ SET jit = off
 SET search_path FROM CURRENT
 AS $$BEGIN RETURN QUERY SELECT c.now, e.id, e.tenant, e.handler, e.payload, e.state, e.run_at,
        e.attempt, e.max_attempts, e.lease_token, e.lease_expires_at, e.last_error,
-       e.idempotency_key, e.created_at, e.updated_at, e.topic, e.concurrency_key,
+       e.idempotency_key, e.created_at, e.updated_at, e.topic, e.concurrency_key, e.rate_turn,
        EXISTS (SELECT 1 FROM rules AS r WHERE r.tenant = e.tenant
                AND r.handler = e.handler AND r.kind = 'block'),
        EXISTS (SELECT 1 FROM rules AS r WHERE r.tenant = e.tenant

@@ -20,8 +20,9 @@ CREATE OR REPLACE FUNCTION scope_lock_key(smallint, text, text, text) RETURNS in
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$SELECT hashtext($1::text || '/' || $2 || '/' || $3 || '/' || $4)$$;
 
--- The limit of a scope now, NULL when none is set: the scope's own row
--- (a tenant's or a key's) before the default of every tenant or key.
+-- The concurrency limit of a scope now, NULL when none is set: the
+-- scope's own row (a tenant's or a key's) before the default of every
+-- tenant or key.
 CREATE OR REPLACE FUNCTION scope_limit(smallint, text, text, text) RETURNS integer
 LANGUAGE sql STABLE
 SET search_path FROM CURRENT
@@ -30,15 +31,35 @@ AS $$SELECT l.running FROM limits AS l
        AND (l.tenant = $3 OR l.tenant = '') AND (l.key = $4 OR l.key = '')
      ORDER BY l.tenant DESC, l.key DESC LIMIT 1$$;
 
+-- The limits row of a scope now (its own before the default), if any.
+CREATE OR REPLACE FUNCTION scope_row(smallint, text, text, text) RETURNS limits
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$SELECT l.* FROM limits AS l
+     WHERE l.handler = $2 AND l.kind = $1
+       AND (l.tenant = $3 OR l.tenant = '') AND (l.key = $4 OR l.key = '')
+     ORDER BY l.tenant DESC, l.key DESC LIMIT 1$$;
+
 -- The claim of the events of the handlers of $4 that a limit names
 -- (arguments as claim's, which calls it): takes their leases as claim
--- does; then, under the
--- locks of the scopes the claimed events count in, counts each scope's
--- live slots, and goes through the events in id order: one whose every
--- scope has room keeps its claim and takes a slot in each (expiring with
--- its lease); any other has its claim undone (attempt, lease) and is
--- parked, with a row in limit_waits for the first of its scopes that is
--- full.
+-- does; then, under the locks of the scopes the claimed events count in,
+-- reads each scope's live slots and rate state, and goes through the
+-- events in id order:
+--
+-- - one with a full concurrency scope has its claim undone (attempt,
+--   lease) and is parked, with a row in limit_waits for the first full
+--   scope;
+-- - else one over a rate (its scope's GCRA says its turn is later) has
+--   its claim undone and is given its turn: run_at and notified_at move
+--   there, and the turn is booked for it (rate_turn, and each rate
+--   scope's tat moves one interval past it), so that the claim at that
+--   turn starts it without charging again, and no other event takes it;
+-- - any other keeps its claim, takes a slot in each concurrency scope
+--   (expiring with its lease) and advances each rate scope's tat.
+--
+-- A booked event claimed within one interval of its turn is not charged
+-- again; one claimed later (its workers were busy) is charged as new, so
+-- that late starts cannot bunch past the rate.
 CREATE OR REPLACE FUNCTION claim_limited(uuid[], bigint, uuid[], text[], text[]) RETURNS SETOF events
 LANGUAGE plpgsql VOLATILE
 SET enable_seqscan = off SET enable_bitmapscan = off
@@ -47,17 +68,24 @@ SET search_path FROM CURRENT
 AS $$DECLARE
   got events[];
   now_ms bigint := floor(date_part('epoch', now()) * 1000)::bigint;
+  now_us bigint := floor(date_part('epoch', now()) * 1000000)::bigint;
   -- The claimed events' limited scopes, one row per (event, scope).
   s_id uuid[]; s_kind int2[]; s_handler text[]; s_tenant text[]; s_key text[];
   s_token uuid[]; s_expires int8[]; s_name text[];
-  -- The distinct scopes, by name, with their room.
-  q_name text[]; q_kind int2[]; q_handler text[]; q_tenant text[]; q_key text[]; q_room int8[];
+  -- The distinct scopes, by name: room (NULL: no concurrency limit), and
+  -- the rate's interval and tolerance (NULL: no rate) and tat.
+  q_name text[]; q_kind int2[]; q_handler text[]; q_tenant text[]; q_key text[];
+  q_room int8[]; q_interval int8[]; q_tau int8[]; q_tat int8[];
   ev record;
   i integer;
   full_at integer;
+  turn bigint;
+  charged boolean[];
   kept uuid[] := '{}';
   r_id uuid[] := '{}';
   r_at int4[] := '{}';
+  d_id uuid[] := '{}';
+  d_turn int8[] := '{}';
   lock_key integer;
 BEGIN
   -- The leases, as claim takes them (claim.sql), of the events of the
@@ -84,7 +112,8 @@ BEGIN
     FROM unnest(got) AS g
     CROSS JOIN LATERAL (VALUES (0::int2, ''::text, ''::text), (1::int2, g.tenant, ''::text),
                                (2::int2, g.tenant, g.concurrency_key)) AS x(kind, tenant, key)
-   WHERE x.key IS NOT NULL AND scope_limit(x.kind, g.handler, x.tenant, x.key) IS NOT NULL;
+   WHERE x.key IS NOT NULL
+     AND (scope_row(x.kind, g.handler, x.tenant, x.key)).handler IS NOT NULL;
   IF s_id IS NULL THEN
     RETURN QUERY SELECT * FROM unnest(got);
     RETURN;
@@ -97,15 +126,26 @@ BEGIN
   SELECT array_agg(q.name ORDER BY q.name), array_agg(q.kind ORDER BY q.name),
          array_agg(q.handler ORDER BY q.name), array_agg(q.tenant ORDER BY q.name),
          array_agg(q.key ORDER BY q.name),
-         array_agg(scope_limit(q.kind, q.handler, q.tenant, q.key)
+         array_agg((q.l).running
                    - (SELECT count(*) FROM limit_slots AS t
                       WHERE t.handler = q.handler AND t.kind = q.kind AND t.tenant = q.tenant
-                        AND t.key = q.key AND t.expires_at > now_ms) ORDER BY q.name)
-    INTO q_name, q_kind, q_handler, q_tenant, q_key, q_room
-    FROM (SELECT DISTINCT s.name, s.kind, s.handler, s.tenant, s.key
-            FROM unnest(s_name, s_kind, s_handler, s_tenant, s_key)
-                 AS s(name, kind, handler, tenant, key)) AS q;
-  FOR ev IN SELECT s.id, array_agg(array_position(q_name, s.name) ORDER BY s.kind) AS at
+                        AND t.key = q.key AND t.expires_at > now_ms) ORDER BY q.name),
+         array_agg(CASE WHEN (q.l).starts IS NOT NULL
+                        THEN greatest((q.l).period_ms * 1000 / (q.l).starts, 1) END ORDER BY q.name),
+         array_agg(CASE WHEN (q.l).starts IS NOT NULL
+                        THEN ((q.l).burst - 1) * greatest((q.l).period_ms * 1000 / (q.l).starts, 1)
+                   END ORDER BY q.name),
+         array_agg(coalesce((SELECT r.tat FROM rate_state AS r
+                             WHERE r.handler = q.handler AND r.kind = q.kind
+                               AND r.tenant = q.tenant AND r.key = q.key), 0) ORDER BY q.name)
+    INTO q_name, q_kind, q_handler, q_tenant, q_key, q_room, q_interval, q_tau, q_tat
+    FROM (SELECT d.*, scope_row(d.kind, d.handler, d.tenant, d.key) AS l
+            FROM (SELECT DISTINCT s.name, s.kind, s.handler, s.tenant, s.key
+                    FROM unnest(s_name, s_kind, s_handler, s_tenant, s_key)
+                         AS s(name, kind, handler, tenant, key)) AS d) AS q;
+  charged := array_fill(false, ARRAY[cardinality(q_name)]);
+  FOR ev IN SELECT s.id, array_agg(array_position(q_name, s.name) ORDER BY s.kind) AS at,
+                   (SELECT g.rate_turn FROM unnest(got) AS g WHERE g.id = s.id) AS booked
               FROM unnest(s_id, s_name, s_kind) AS s(id, name, kind)
              GROUP BY s.id ORDER BY s.id LOOP
     full_at := NULL;
@@ -115,15 +155,41 @@ BEGIN
         EXIT;
       END IF;
     END LOOP;
-    IF full_at IS NULL THEN
-      FOREACH i IN ARRAY ev.at LOOP
-        q_room[i] := q_room[i] - 1;
-      END LOOP;
-      kept := kept || ev.id;
-    ELSE
+    IF full_at IS NOT NULL THEN
       r_id := r_id || ev.id;
       r_at := r_at || full_at;
+      CONTINUE;
     END IF;
+    -- The rate: the latest turn any of its rate scopes gives it, unless
+    -- this claim is its booked turn (within one interval of it).
+    turn := NULL;
+    FOREACH i IN ARRAY ev.at LOOP
+      IF q_interval[i] IS NOT NULL
+         AND NOT (ev.booked IS NOT NULL AND now_us < ev.booked * 1000 + q_interval[i])
+         AND q_tat[i] > now_us + q_tau[i] THEN
+        turn := greatest(turn, q_tat[i] - q_tau[i]);
+      END IF;
+    END LOOP;
+    IF turn IS NOT NULL THEN
+      FOREACH i IN ARRAY ev.at LOOP
+        IF q_interval[i] IS NOT NULL THEN
+          q_tat[i] := greatest(q_tat[i], turn) + q_interval[i];
+          charged[i] := true;
+        END IF;
+      END LOOP;
+      d_id := d_id || ev.id;
+      d_turn := d_turn || ((turn + 999) / 1000);
+      CONTINUE;
+    END IF;
+    FOREACH i IN ARRAY ev.at LOOP
+      q_room[i] := q_room[i] - 1;
+      IF q_interval[i] IS NOT NULL
+         AND NOT (ev.booked IS NOT NULL AND now_us < ev.booked * 1000 + q_interval[i]) THEN
+        q_tat[i] := greatest(q_tat[i], now_us) + q_interval[i];
+        charged[i] := true;
+      END IF;
+    END LOOP;
+    kept := kept || ev.id;
   END LOOP;
   IF cardinality(r_id) > 0 THEN
     UPDATE events AS e
@@ -134,12 +200,32 @@ BEGIN
     SELECT q_handler[w.at], q_kind[w.at], q_tenant[w.at], q_key[w.at], w.id
       FROM unnest(r_id, r_at) AS w(id, at);
   END IF;
+  IF cardinality(d_id) > 0 THEN
+    UPDATE events AS e
+       SET attempt = e.attempt - 1, lease_token = NULL, lease_expires_at = NULL,
+           run_at = d.turn, notified_at = d.turn, rate_turn = d.turn
+      FROM unnest(d_id, d_turn) AS d(id, turn)
+     WHERE e.id = ANY(d_id) AND e.id = d.id AND e.lease_token = ANY(s_token)
+       AND (e.state + 0) = 0;
+  END IF;
+  IF true = ANY(charged) THEN
+    INSERT INTO rate_state AS r (handler, kind, tenant, key, tat)
+    SELECT q_handler[c.i], q_kind[c.i], q_tenant[c.i], q_key[c.i], q_tat[c.i]
+      FROM generate_subscripts(charged, 1) AS c(i) WHERE charged[c.i]
+    ON CONFLICT (handler, kind, tenant, key) DO UPDATE SET tat = excluded.tat;
+  END IF;
+  IF EXISTS (SELECT 1 FROM unnest(got) AS g WHERE g.rate_turn IS NOT NULL AND g.id = ANY(kept)) THEN
+    UPDATE events AS e SET rate_turn = NULL
+     WHERE e.id = ANY(kept) AND e.rate_turn IS NOT NULL;
+  END IF;
   INSERT INTO limit_slots (token, kind, handler, tenant, key, event_id, expires_at)
   SELECT s.token, s.kind, s.handler, s.tenant, s.key, s.id, s.expires
     FROM unnest(s_id, s_kind, s_handler, s_tenant, s_key, s_token, s_expires)
          AS s(id, kind, handler, tenant, key, token, expires)
-   WHERE s.id = ANY(kept);
-  RETURN QUERY SELECT * FROM unnest(got) AS g WHERE g.id <> ALL(r_id);
+   WHERE s.id = ANY(kept) AND q_room[array_position(q_name, s.kind::text || '/' || s.handler
+                                                  || '/' || s.tenant || '/' || s.key)] IS NOT NULL;
+  RETURN QUERY SELECT * FROM unnest(got) AS g
+   WHERE g.id <> ALL(r_id) AND g.id <> ALL(d_id);
 END$$;
 
 -- Wakes up to $5 of the events parked in scope ($1 kind, $2 handler, $3

@@ -3,6 +3,7 @@
 //! statement (`sql/limits.sql`).
 
 use herald::backend::{Scheduled, WakePage};
+use herald::limit::Rate;
 use herald::{EventId, Limit, LimitKind, LimitScope, LimitSource, StoreError, StoredLimit};
 use sqlx::Row;
 use uuid::Uuid;
@@ -22,19 +23,24 @@ const WAKE_LIMIT: &str =
     "SELECT tenant, id, last_tenant, last_key FROM {s}.wake_limit($1, $2, $3, $4, $5)";
 
 /// `$1` handler, `$2` kind, `$3` tenant, `$4` key, `$5` running, `$6`
-/// source: inserted, or the row changed; nothing when it was already so.
+/// source, `$7` starts, `$8` period in ms, `$9` burst: inserted, or the
+/// row changed; nothing when it was already so.
 const SET_LIMIT: &str = "INSERT INTO {s}.limits AS l \
-     (handler, kind, tenant, key, running, source, created_at) \
-     VALUES ($1, $2, $3, $4, $5, $6, {now}) \
+     (handler, kind, tenant, key, running, source, created_at, starts, period_ms, burst) \
+     VALUES ($1, $2, $3, $4, $5, $6, {now}, $7, $8, $9) \
      ON CONFLICT (handler, kind, tenant, key) DO UPDATE \
-       SET running = excluded.running, source = excluded.source \
-       WHERE l.running <> excluded.running OR l.source <> excluded.source";
+       SET running = excluded.running, source = excluded.source, starts = excluded.starts, \
+           period_ms = excluded.period_ms, burst = excluded.burst \
+       WHERE (l.running, l.source, l.starts, l.period_ms, l.burst) IS DISTINCT FROM \
+             (excluded.running, excluded.source, excluded.starts, excluded.period_ms, excluded.burst)";
 
 const REMOVE_LIMIT: &str = "DELETE FROM {s}.limits \
      WHERE handler = $1 AND kind = $2 AND tenant = $3 AND key = $4";
 
 /// Every limit, or `$1` handler's.
-const LIMITS: &str = "SELECT handler, kind, tenant, key, running, source FROM {s}.limits \
+const LIMITS: &str =
+    "SELECT handler, kind, tenant, key, running, source, starts, period_ms, burst \
+     FROM {s}.limits \
      WHERE $1::text IS NULL OR handler = $1 ORDER BY handler, kind, tenant, key";
 
 /// The config's rows not in `$1`..`$4` (handlers, kinds, tenants, keys)
@@ -46,22 +52,28 @@ const SYNC_REMOVE: &str = "DELETE FROM {s}.limits AS l WHERE l.source = 'config'
                        AND d.key = l.key) \
      RETURNING l.handler, l.kind";
 
-/// The declared rows (`$5` their limits) are added, changed, or taken over
-/// from the API; returns the handler and kind of those whose limit rose.
+/// The declared rows (`$5` running, `$6` starts, `$7` period in ms, `$8`
+/// burst) are added, changed, or taken over from the API; returns the
+/// handler and kind of those whose concurrency limit rose or went.
 const SYNC_SET: &str = "WITH d AS (SELECT * FROM unnest($1::text[], $2::int2[], $3::text[], \
-       $4::text[], $5::int4[]) AS d(handler, kind, tenant, key, running)), \
+       $4::text[], $5::int4[], $6::int4[], $7::int8[], $8::int4[]) \
+       AS d(handler, kind, tenant, key, running, starts, period_ms, burst)), \
      old AS (SELECT l.handler, l.kind, l.tenant, l.key, l.running FROM {s}.limits AS l \
        JOIN d ON d.handler = l.handler AND d.kind = l.kind AND d.tenant = l.tenant \
          AND d.key = l.key), \
-     up AS (INSERT INTO {s}.limits AS l (handler, kind, tenant, key, running, source, created_at) \
-       SELECT d.handler, d.kind, d.tenant, d.key, d.running, 'config', {now} FROM d \
+     up AS (INSERT INTO {s}.limits AS l (handler, kind, tenant, key, running, starts, period_ms, \
+         burst, source, created_at) \
+       SELECT d.handler, d.kind, d.tenant, d.key, d.running, d.starts, d.period_ms, d.burst, \
+         'config', {now} FROM d \
        ON CONFLICT (handler, kind, tenant, key) DO UPDATE \
-         SET running = excluded.running, source = 'config' \
-         WHERE l.running <> excluded.running OR l.source <> 'config' \
+         SET running = excluded.running, starts = excluded.starts, \
+             period_ms = excluded.period_ms, burst = excluded.burst, source = 'config' \
+         WHERE (l.running, l.starts, l.period_ms, l.burst, l.source) IS DISTINCT FROM \
+               (excluded.running, excluded.starts, excluded.period_ms, excluded.burst, 'config') \
        RETURNING l.handler, l.kind, l.tenant, l.key, l.running) \
      SELECT up.handler, up.kind FROM up JOIN old ON old.handler = up.handler \
        AND old.kind = up.kind AND old.tenant = up.tenant AND old.key = up.key \
-     WHERE up.running > old.running";
+     WHERE old.running IS NOT NULL AND (up.running IS NULL OR up.running > old.running)";
 
 /// Reads `(tenant, id)` rows of woken events.
 fn woken(rows: &[sqlx::postgres::PgRow], op: &'static str) -> DbResult<Vec<Scheduled>> {
@@ -73,6 +85,15 @@ fn woken(rows: &[sqlx::postgres::PgRow], op: &'static str) -> DbResult<Vec<Sched
         }
     }
     Ok(out)
+}
+
+/// A rate from its stored columns (all set, or none).
+fn rate_of(starts: Option<i32>, period_ms: Option<i64>, burst: Option<i32>) -> Option<Rate> {
+    Some(Rate {
+        starts: u32::try_from(starts?).unwrap_or(0),
+        period: std::time::Duration::from_millis(u64::try_from(period_ms?).unwrap_or(0)),
+        burst: u32::try_from(burst?).unwrap_or(1),
+    })
 }
 
 fn kind_of(code: i16, op: &'static str) -> DbResult<LimitKind> {
@@ -145,8 +166,19 @@ impl PgStore {
                 .bind(limit.scope.kind().code())
                 .bind(tenant)
                 .bind(key)
-                .bind(i32::try_from(limit.running).unwrap_or(i32::MAX))
-                .bind(LimitSource::Api.as_str()),
+                .bind(limit.running.map(|n| i32::try_from(n).unwrap_or(i32::MAX)))
+                .bind(LimitSource::Api.as_str())
+                .bind(
+                    limit
+                        .rate
+                        .map(|r| i32::try_from(r.starts).unwrap_or(i32::MAX)),
+                )
+                .bind(limit.rate.map(|r| r.period.as_millis() as i64))
+                .bind(
+                    limit
+                        .rate
+                        .map(|r| i32::try_from(r.burst).unwrap_or(i32::MAX)),
+                ),
         )
         .await
     }
@@ -182,7 +214,10 @@ impl PgStore {
             let kind = kind_of(r.try_get("kind").ctx(OP)?, OP)?;
             let tenant: String = r.try_get("tenant").ctx(OP)?;
             let key: String = r.try_get("key").ctx(OP)?;
-            let running: i32 = r.try_get("running").ctx(OP)?;
+            let running: Option<i32> = r.try_get("running").ctx(OP)?;
+            let starts: Option<i32> = r.try_get("starts").ctx(OP)?;
+            let period_ms: Option<i64> = r.try_get("period_ms").ctx(OP)?;
+            let burst: Option<i32> = r.try_get("burst").ctx(OP)?;
             let source: String = r.try_get("source").ctx(OP)?;
             let source = LimitSource::parse(&source).ok_or_else(|| {
                 StoreError::backend(OP, format!("unknown limit source {source:?}"))
@@ -191,7 +226,8 @@ impl PgStore {
                 limit: Limit {
                     handler: r.try_get("handler").ctx(OP)?,
                     scope: LimitScope::from_names(kind, &tenant, &key),
-                    running: u32::try_from(running).unwrap_or(0),
+                    running: running.map(|n| u32::try_from(n).unwrap_or(0)),
+                    rate: rate_of(starts, period_ms, burst),
                 },
                 source,
             });
@@ -209,9 +245,21 @@ impl PgStore {
         let kinds: Vec<i16> = declared.iter().map(|l| l.scope.kind().code()).collect();
         let tenants: Vec<&str> = declared.iter().map(|l| l.scope.names().0).collect();
         let keys: Vec<&str> = declared.iter().map(|l| l.scope.names().1).collect();
-        let running: Vec<i32> = declared
+        let running: Vec<Option<i32>> = declared
             .iter()
-            .map(|l| i32::try_from(l.running).unwrap_or(i32::MAX))
+            .map(|l| l.running.map(|n| i32::try_from(n).unwrap_or(i32::MAX)))
+            .collect();
+        let starts: Vec<Option<i32>> = declared
+            .iter()
+            .map(|l| l.rate.map(|r| i32::try_from(r.starts).unwrap_or(i32::MAX)))
+            .collect();
+        let periods: Vec<Option<i64>> = declared
+            .iter()
+            .map(|l| l.rate.map(|r| r.period.as_millis() as i64))
+            .collect();
+        let bursts: Vec<Option<i32>> = declared
+            .iter()
+            .map(|l| l.rate.map(|r| i32::try_from(r.burst).unwrap_or(i32::MAX)))
             .collect();
         let mut tx = self.pool.begin().await.ctx(OP)?;
         let mut loosened = Vec::new();
@@ -231,6 +279,9 @@ impl PgStore {
                     .bind(&tenants)
                     .bind(&keys)
                     .bind(&running)
+                    .bind(&starts)
+                    .bind(&periods)
+                    .bind(&bursts)
                     .fetch_all(&mut *tx)
                     .await
                     .ctx(OP)?

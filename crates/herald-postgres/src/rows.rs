@@ -10,10 +10,10 @@ use uuid::Uuid;
 /// The columns [`event`] reads, in order, each prefixed with `e.`.
 pub(crate) const EVENT_COLUMNS: &str = "e.id, e.tenant, e.handler, e.payload, e.state, e.run_at, \
      e.attempt, e.max_attempts, e.lease_token, e.lease_expires_at, e.last_error, \
-     e.idempotency_key, e.created_at, e.updated_at, e.topic, e.concurrency_key";
+     e.idempotency_key, e.created_at, e.updated_at, e.topic, e.concurrency_key, e.rate_turn";
 
 /// How many columns [`EVENT_COLUMNS`] has.
-pub(crate) const EVENT_COLUMN_COUNT: usize = 16;
+pub(crate) const EVENT_COLUMN_COUNT: usize = 17;
 
 /// What went wrong inside the store, before it becomes a [`StoreError`].
 #[derive(Debug, thiserror::Error)]
@@ -147,6 +147,7 @@ pub(crate) fn event(row: &PgRow, at: usize) -> Result<Option<Event>, sqlx::Error
         idempotency_key: row.try_get(at + 11)?,
         topic: row.try_get(at + 14)?,
         concurrency_key: row.try_get(at + 15)?,
+        rate_turn: row.try_get::<Option<i64>, _>(at + 16)?.map(Millis),
         created_at: Millis(row.try_get(at + 12)?),
         updated_at: Millis(row.try_get(at + 13)?),
     }))

@@ -56,7 +56,10 @@ CREATE TABLE events (
     -- no hot statement filters on it.
     topic            TEXT,
     -- The concurrency key it was emitted with (limits.rs); NULL for none.
-    concurrency_key  TEXT
+    concurrency_key  TEXT,
+    -- The turn a rate limit booked for it (limits.rs), when a claim found
+    -- it over the rate and moved its run_at there.
+    rate_turn        INTEGER
 ) STRICT;
 
 -- Per (tenant, handler, state): unpause/unblock paging (renotify_page),
@@ -180,20 +183,36 @@ CREATE TABLE idempotency_keys (
 
 CREATE INDEX idempotency_keys_by_age ON idempotency_keys (stored_at);
 
--- Concurrency limits (ADR 0017, src/limits.rs): at most `running` runs at
--- once of `handler`'s events, counted by `kind`: 0 all of them, 1 each
--- tenant's, 2 each concurrency key's. `tenant` (kinds 1 and 2) and `key`
--- (kind 2) name the one tenant or key the row is for, '' the default of
--- every one without a row of its own. `source`: 'config' rows are replaced
--- whenever herald.toml is loaded, 'api' rows kept until removed.
+-- Limits (ADR 0017, src/limits.rs) of `handler`'s events, counted by
+-- `kind`: 0 all of them, 1 each tenant's, 2 each concurrency key's: at
+-- most `running` runs at once, and at most `starts` starts per
+-- `period_ms` with a `burst`. `tenant` (kinds 1 and 2) and `key` (kind 2)
+-- name the one tenant or key the row is for, '' the default of every one
+-- without a row of its own. `source`: 'config' rows are replaced whenever
+-- herald.toml is loaded, 'api' rows kept until removed.
 CREATE TABLE limits (
     handler    TEXT    NOT NULL,
     kind       INTEGER NOT NULL CHECK (kind IN (0, 1, 2)),
     tenant     TEXT    NOT NULL,
     key        TEXT    NOT NULL,
-    running    INTEGER NOT NULL CHECK (running > 0),
+    running    INTEGER CHECK (running > 0),
+    starts     INTEGER CHECK (starts > 0),
+    period_ms  INTEGER CHECK (period_ms > 0),
+    burst      INTEGER CHECK (burst > 0),
     source     TEXT    NOT NULL CHECK (source IN ('config', 'api')),
     created_at INTEGER NOT NULL,
+    PRIMARY KEY (handler, kind, tenant, key),
+    CHECK (running IS NOT NULL OR starts IS NOT NULL)
+) STRICT, WITHOUT ROWID;
+
+-- Each rate-limited scope's GCRA state: its theoretical arrival time in
+-- microseconds of the store's clock (limits.rs).
+CREATE TABLE rate_state (
+    handler TEXT    NOT NULL,
+    kind    INTEGER NOT NULL,
+    tenant  TEXT    NOT NULL,
+    key     TEXT    NOT NULL,
+    tat     INTEGER NOT NULL,
     PRIMARY KEY (handler, kind, tenant, key)
 ) STRICT, WITHOUT ROWID;
 

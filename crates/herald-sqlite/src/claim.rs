@@ -45,7 +45,7 @@ pub(crate) const CLAIM_ONE_SQL: &str = "UPDATE events \
                        WHERE r.tenant = events.tenant AND r.handler = events.handler) \
      RETURNING id, tenant, handler, payload, state, run_at, attempt, max_attempts, \
        lease_token, lease_expires_at, last_error, idempotency_key, created_at, updated_at, topic, \
-       concurrency_key";
+       concurrency_key, rate_turn";
 
 /// The happy path in one statement for a batch: pending, due, unleased or
 /// expired, attempts left, a handler this worker has, no rule. `?1` new
@@ -67,7 +67,7 @@ pub(crate) const CLAIM_BATCH_SQL: &str = "UPDATE events \
                        WHERE r.tenant = events.tenant AND r.handler = events.handler) \
      RETURNING id, tenant, handler, payload, state, run_at, attempt, max_attempts, \
        lease_token, lease_expires_at, last_error, idempotency_key, created_at, updated_at, topic, \
-       concurrency_key";
+       concurrency_key, rate_turn";
 
 /// [`herald::backend::EventStore::claim`] of up to [`CLAIM_ONE_BY_ONE`] ids: per id, the
 /// handler check, then the compare-and-set.

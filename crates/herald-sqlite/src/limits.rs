@@ -1,12 +1,13 @@
-//! Concurrency limits (ADR 0017): the claim's check of the limits that
-//! count each claimed event, the settle's release of slots, the wake of
-//! the events a full limit holds, and the limits themselves. Every
-//! function runs inside the writer's transaction, so a count and the write
-//! it decides are one atomic step (SQLite has one writer).
+//! Limits (ADR 0017): the claim's check of the concurrency limits and
+//! rates that count each claimed event, the settle's release of slots,
+//! the wake of the events a full limit holds, and the limits themselves.
+//! Every function runs inside the writer's transaction, so a count and
+//! the write it decides are one atomic step (SQLite has one writer).
 
 use std::collections::{HashMap, HashSet};
 
 use herald::backend::{LeaseRef, Scheduled, StoreResult, WakePage};
+use herald::limit::Rate;
 use herald::{
     Event, EventId, Limit, LimitKind, LimitScope, LimitSource, LimitWait, Millis, StoredLimit,
 };
@@ -49,21 +50,57 @@ impl Scope {
         out
     }
 
-    /// The scope's limit now: its own row before the default; `None`
-    /// when none is set.
+    /// The scope's concurrency limit now: its own row before the
+    /// default; `None` when none is set.
     fn limit(&self, conn: &Connection, op: &str) -> StoreResult<Option<i64>> {
+        Ok(self.row(conn, op)?.and_then(|r| r.running))
+    }
+
+    /// The scope's limits row now (its own before the default), if any.
+    fn row(&self, conn: &Connection, op: &str) -> StoreResult<Option<ScopeRow>> {
         conn.prepare_cached(
-            "SELECT running FROM limits WHERE handler = ?1 AND kind = ?2 \
+            "SELECT running, starts, period_ms, burst FROM limits WHERE handler = ?1 AND kind = ?2 \
                AND tenant IN (?3, '') AND key IN (?4, '') \
              ORDER BY tenant DESC, key DESC LIMIT 1",
         )
         .ctx(op)?
         .query_row(
             params![self.handler, self.kind.code(), self.tenant, self.key],
-            |r| r.get(0),
+            |r| {
+                let starts: Option<i64> = r.get(1)?;
+                let period_ms: Option<i64> = r.get(2)?;
+                let burst: Option<i64> = r.get(3)?;
+                let rate = match (starts, period_ms, burst) {
+                    (Some(n), Some(p), Some(b)) => {
+                        let interval = (p * 1000 / n.max(1)).max(1);
+                        Some((interval, (b - 1).max(0) * interval))
+                    }
+                    _ => None,
+                };
+                Ok(ScopeRow {
+                    running: r.get(0)?,
+                    rate,
+                })
+            },
         )
         .optional()
         .ctx(op)
+    }
+
+    /// The scope's GCRA theoretical arrival time (µs), 0 when it has none.
+    fn tat(&self, conn: &Connection, op: &str) -> StoreResult<i64> {
+        Ok(conn
+            .prepare_cached(
+                "SELECT tat FROM rate_state WHERE handler = ?1 AND kind = ?2 AND tenant = ?3 AND key = ?4",
+            )
+            .ctx(op)?
+            .query_row(
+                params![self.handler, self.kind.code(), self.tenant, self.key],
+                |r| r.get(0),
+            )
+            .optional()
+            .ctx(op)?
+            .unwrap_or(0))
     }
 
     /// The scope's live slots at `now`.
@@ -79,6 +116,23 @@ impl Scope {
         )
         .ctx(op)
     }
+}
+
+/// A scope's limits: the concurrency limit, and the rate's interval and
+/// burst tolerance in µs.
+struct ScopeRow {
+    running: Option<i64>,
+    rate: Option<(i64, i64)>,
+}
+
+/// A limited scope as the claim walks it: its room (`None`: no
+/// concurrency limit), its rate (interval, tolerance) and theoretical
+/// arrival time, and whether this claim moved that.
+struct Walk {
+    room: Option<i64>,
+    rate: Option<(i64, i64)>,
+    tat: i64,
+    charged: bool,
 }
 
 /// Whether a limit names one of `handlers`.
@@ -99,11 +153,14 @@ fn any_limit<'a>(
 }
 
 /// The claim's limit check, on the events the claim statement just took
-/// in this transaction: in id order, an event whose every limited scope
-/// has room keeps its claim and takes a slot in each (expiring with its
-/// lease); any other has its claim undone (attempt, lease) and is parked,
-/// waiting in the first of its scopes that is full. Returns the events
-/// kept.
+/// in this transaction, in id order: one whose concurrency scope is full
+/// has its claim undone (attempt, lease) and is parked, waiting in the
+/// first full scope; else one over a rate has its claim undone and is
+/// given its turn (`run_at` moves there, the turn booked: `rate_turn`, and
+/// each rate scope's time moves one interval past it); any other keeps its
+/// claim, takes a slot in each concurrency scope (expiring with its lease)
+/// and advances each rate scope. A booked event claimed within an interval
+/// of its turn is not charged again. Returns the events kept.
 pub(crate) fn admit(
     conn: &Connection,
     now: Millis,
@@ -114,10 +171,11 @@ pub(crate) fn admit(
     if claimed.is_empty() || !any_limit(conn, OP, handlers)? {
         return Ok(claimed);
     }
+    let now_us = now.0.saturating_mul(1000);
     let mut claimed = claimed;
     claimed.sort_by_key(|e| e.id);
-    // Each scope's room left, looked up once; `None`: no limit counts it.
-    let mut room: HashMap<Scope, Option<i64>> = HashMap::new();
+    // Each scope's state, looked up once; `None`: no limit counts it.
+    let mut walk: HashMap<Scope, Option<Walk>> = HashMap::new();
     let mut take = conn
         .prepare_cached(
             "INSERT INTO limit_slots (token, kind, handler, tenant, key, event_id, expires_at) \
@@ -131,6 +189,19 @@ pub(crate) fn admit(
              WHERE id = ?1 AND state = 0",
         )
         .ctx(OP)?;
+    let mut defer = conn
+        .prepare_cached(
+            "UPDATE events SET attempt = attempt - 1, lease_token = NULL, \
+                 lease_expires_at = NULL, run_at = ?2, notified_at = ?2, rate_turn = ?2 \
+             WHERE id = ?1 AND state = 0",
+        )
+        .ctx(OP)?;
+    let mut booked_of = conn
+        .prepare_cached("SELECT rate_turn FROM events WHERE id = ?1")
+        .ctx(OP)?;
+    let mut spent = conn
+        .prepare_cached("UPDATE events SET rate_turn = NULL WHERE id = ?1")
+        .ctx(OP)?;
     let mut wait = conn
         .prepare_cached(
             "INSERT INTO limit_waits (handler, kind, tenant, key, event_id) \
@@ -139,28 +210,40 @@ pub(crate) fn admit(
         .ctx(OP)?;
     let mut kept = Vec::with_capacity(claimed.len());
     for e in claimed {
-        let mut limited = Vec::new();
+        let mut scopes = Vec::new();
         for s in Scope::of(&e) {
-            let left = match room.get(&s) {
-                Some(r) => *r,
-                None => {
-                    let r = match s.limit(conn, OP)? {
-                        Some(limit) => Some(limit - s.live(conn, OP, now)?),
-                        None => None,
-                    };
-                    room.insert(s.clone(), r);
-                    r
-                }
-            };
-            if let Some(left) = left {
-                limited.push((s, left));
+            if !walk.contains_key(&s) {
+                let state = match s.row(conn, OP)? {
+                    None => None,
+                    Some(row) => Some(Walk {
+                        room: match row.running {
+                            Some(limit) => Some(limit - s.live(conn, OP, now)?),
+                            None => None,
+                        },
+                        rate: row.rate,
+                        tat: if row.rate.is_some() {
+                            s.tat(conn, OP)?
+                        } else {
+                            0
+                        },
+                        charged: false,
+                    }),
+                };
+                walk.insert(s.clone(), state);
+            }
+            if walk[&s].is_some() {
+                scopes.push(s);
             }
         }
-        let Some(lease) = e.lease else {
+        let Some(lease) = e.lease.filter(|_| !scopes.is_empty()) else {
             kept.push(e);
             continue;
         };
-        if let Some((full, _)) = limited.iter().find(|(_, left)| *left <= 0) {
+        let state = |s: &Scope| walk[s].as_ref().expect("a limited scope");
+        if let Some(full) = scopes
+            .iter()
+            .find(|s| state(s).room.is_some_and(|r| r <= 0))
+        {
             undo.execute(params![blob(e.id), PARKED]).ctx(OP)?;
             wait.execute(params![
                 full.handler,
@@ -172,20 +255,79 @@ pub(crate) fn admit(
             .ctx(OP)?;
             continue;
         }
-        for (s, left) in limited {
-            take.execute(params![
-                token_blob(lease.token),
-                s.kind.code(),
-                s.handler,
-                s.tenant,
-                s.key,
-                blob(e.id),
-                lease.expires_at.0
-            ])
-            .ctx(OP)?;
-            room.insert(s, Some(left - 1));
+        let booked: Option<i64> = if scopes.iter().any(|s| state(s).rate.is_some()) {
+            booked_of.query_row([blob(e.id)], |r| r.get(0)).ctx(OP)?
+        } else {
+            None
+        };
+        // Paid: this claim is its booked turn, within one interval of it.
+        let paid =
+            |interval: i64| booked.is_some_and(|b| now_us < b.saturating_mul(1000) + interval);
+        let turn = scopes
+            .iter()
+            .filter_map(|s| {
+                let w = state(s);
+                let (interval, tau) = w.rate?;
+                (!paid(interval) && w.tat > now_us + tau).then_some(w.tat - tau)
+            })
+            .max();
+        if let Some(turn) = turn {
+            for s in &scopes {
+                let w = walk
+                    .get_mut(s)
+                    .and_then(Option::as_mut)
+                    .expect("a limited scope");
+                if let Some((interval, _)) = w.rate {
+                    w.tat = w.tat.max(turn) + interval;
+                    w.charged = true;
+                }
+            }
+            defer
+                .execute(params![blob(e.id), (turn + 999) / 1000])
+                .ctx(OP)?;
+            continue;
+        }
+        for s in &scopes {
+            let w = walk
+                .get_mut(s)
+                .and_then(Option::as_mut)
+                .expect("a limited scope");
+            if let Some(room) = w.room.as_mut() {
+                *room -= 1;
+                take.execute(params![
+                    token_blob(lease.token),
+                    s.kind.code(),
+                    s.handler,
+                    s.tenant,
+                    s.key,
+                    blob(e.id),
+                    lease.expires_at.0
+                ])
+                .ctx(OP)?;
+            }
+            if let Some((interval, _)) = w.rate {
+                if !paid(interval) {
+                    w.tat = w.tat.max(now_us) + interval;
+                    w.charged = true;
+                }
+            }
+        }
+        if booked.is_some() {
+            spent.execute([blob(e.id)]).ctx(OP)?;
         }
         kept.push(e);
+    }
+    let mut save = conn
+        .prepare_cached(
+            "INSERT INTO rate_state (handler, kind, tenant, key, tat) VALUES (?1, ?2, ?3, ?4, ?5) \
+             ON CONFLICT (handler, kind, tenant, key) DO UPDATE SET tat = excluded.tat",
+        )
+        .ctx(OP)?;
+    for (s, w) in &walk {
+        if let Some(w) = w.as_ref().filter(|w| w.charged) {
+            save.execute(params![s.handler, s.kind.code(), s.tenant, s.key, w.tat])
+                .ctx(OP)?;
+        }
     }
     Ok(kept)
 }
@@ -387,11 +529,15 @@ pub(crate) fn set(
     const OP: &str = "set_limit";
     let (tenant, key) = limit.scope.names();
     conn.prepare_cached(
-        "INSERT INTO limits (handler, kind, tenant, key, running, source, created_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
+        "INSERT INTO limits (handler, kind, tenant, key, running, source, created_at, \
+             starts, period_ms, burst) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
          ON CONFLICT (handler, kind, tenant, key) DO UPDATE \
-           SET running = excluded.running, source = excluded.source \
-           WHERE running <> excluded.running OR source <> excluded.source",
+           SET running = excluded.running, source = excluded.source, starts = excluded.starts, \
+               period_ms = excluded.period_ms, burst = excluded.burst \
+           WHERE running IS NOT excluded.running OR source IS NOT excluded.source \
+              OR starts IS NOT excluded.starts OR period_ms IS NOT excluded.period_ms \
+              OR burst IS NOT excluded.burst",
     )
     .ctx(OP)?
     .execute(params![
@@ -399,9 +545,12 @@ pub(crate) fn set(
         limit.scope.kind().code(),
         tenant,
         key,
-        i64::from(limit.running),
+        limit.running.map(i64::from),
         source.as_str(),
-        now.0
+        now.0,
+        limit.rate.map(|r| i64::from(r.starts)),
+        limit.rate.map(|r| r.period.as_millis() as i64),
+        limit.rate.map(|r| i64::from(r.burst)),
     ])
     .map(|n| n == 1)
     .ctx(OP)
@@ -425,40 +574,65 @@ pub(crate) fn list(conn: &Connection, handler: Option<&str>) -> StoreResult<Vec<
     const OP: &str = "limits";
     let mut stmt = conn
         .prepare_cached(
-            "SELECT handler, kind, tenant, key, running, source FROM limits \
-             WHERE ?1 IS NULL OR handler = ?1 ORDER BY handler, kind, tenant, key",
+            "SELECT handler, kind, tenant, key, running, source, starts, period_ms, burst \
+             FROM limits WHERE ?1 IS NULL OR handler = ?1 ORDER BY handler, kind, tenant, key",
         )
         .ctx(OP)?;
     let rows = stmt
         .query_map([handler], |r| {
-            let kind: i64 = r.get(1)?;
-            let source: String = r.get(5)?;
-            let running: i64 = r.get(4)?;
-            Ok((
-                r.get::<_, String>(0)?,
-                kind,
-                r.get::<_, String>(2)?,
-                r.get::<_, String>(3)?,
-                running,
-                source,
-            ))
+            let rate = match (
+                r.get::<_, Option<i64>>(6)?,
+                r.get::<_, Option<i64>>(7)?,
+                r.get::<_, Option<i64>>(8)?,
+            ) {
+                (Some(starts), Some(period), Some(burst)) => Some(Rate {
+                    starts: u32::try_from(starts).unwrap_or(0),
+                    period: std::time::Duration::from_millis(u64::try_from(period).unwrap_or(0)),
+                    burst: u32::try_from(burst).unwrap_or(1),
+                }),
+                _ => None,
+            };
+            Ok(Row {
+                handler: r.get(0)?,
+                kind: r.get(1)?,
+                tenant: r.get(2)?,
+                key: r.get(3)?,
+                running: r.get(4)?,
+                source: r.get(5)?,
+                rate,
+            })
         })
         .ctx(OP)?;
+    struct Row {
+        handler: String,
+        kind: i64,
+        tenant: String,
+        key: String,
+        running: Option<i64>,
+        source: String,
+        rate: Option<Rate>,
+    }
     let mut out = Vec::new();
     for row in rows {
-        let (handler, kind, tenant, key, running, source) = row.ctx(OP)?;
-        let (Some(kind), Some(source)) = (LimitKind::from_code(kind), LimitSource::parse(&source))
-        else {
+        let row = row.ctx(OP)?;
+        let (Some(kind), Some(source)) = (
+            LimitKind::from_code(row.kind),
+            LimitSource::parse(&row.source),
+        ) else {
             return Err(herald::StoreError::backend(
                 OP,
-                format!("a limit row of kind {kind} and source {source:?} is not herald's"),
+                format!(
+                    "a limit row of kind {} and source {:?} is not herald's",
+                    row.kind, row.source
+                ),
             ));
         };
         out.push(StoredLimit {
             limit: Limit {
-                handler,
-                scope: LimitScope::from_names(kind, &tenant, &key),
-                running: u32::try_from(running).unwrap_or(u32::MAX),
+                scope: LimitScope::from_names(kind, &row.tenant, &row.key),
+                handler: row.handler,
+                running: row.running.map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+                rate: row.rate,
             },
             source,
         });
@@ -488,9 +662,12 @@ pub(crate) fn sync(
         let prior = before
             .iter()
             .find(|o| o.limit.handler == l.handler && o.limit.scope == l.scope);
-        if set(conn, now, l, LimitSource::Config)?
-            && prior.is_some_and(|p| p.limit.running < l.running)
-        {
+        let loosens = prior.is_some_and(|p| match (p.limit.running, l.running) {
+            (Some(_), None) => true,
+            (Some(old), Some(new)) => new > old,
+            _ => false,
+        });
+        if set(conn, now, l, LimitSource::Config)? && loosens {
             loosened.push((l.handler.clone(), l.scope.kind()));
         }
     }

@@ -9,7 +9,7 @@ use uuid::Uuid;
 /// The columns [`event`] reads, in order.
 pub(crate) const EVENT_COLUMNS: &str = "id, tenant, handler, payload, state, run_at, attempt, \
      max_attempts, lease_token, lease_expires_at, last_error, idempotency_key, created_at, \
-     updated_at, topic, concurrency_key";
+     updated_at, topic, concurrency_key, rate_turn";
 
 /// Wraps a rusqlite error as a backend error naming the operation.
 pub(crate) fn backend(op: &str, e: rusqlite::Error) -> StoreError {
@@ -104,6 +104,7 @@ pub(crate) fn event(row: &Row<'_>) -> rusqlite::Result<Event> {
         idempotency_key: row.get(11)?,
         topic: row.get(14)?,
         concurrency_key: row.get(15)?,
+        rate_turn: row.get::<_, Option<i64>>(16)?.map(Millis),
         created_at: Millis(row.get(12)?),
         updated_at: Millis(row.get(13)?),
     })

@@ -590,6 +590,7 @@ mod tests {
 
     fn event() -> Event {
         Event {
+            rate_turn: None,
             concurrency_key: None,
             id: EventId::new(),
             tenant: "acme".into(),

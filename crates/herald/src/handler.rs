@@ -315,6 +315,7 @@ mod tests {
         }
         let h = FnHandler::new(|_: P, _cx: Context| async {});
         let event = crate::model::Event {
+            rate_turn: None,
             concurrency_key: None,
             id: EventId::new(),
             tenant: "t".into(),

@@ -1,12 +1,18 @@
-//! Concurrency limits: at most N runs at once of a handler, of a tenant's
-//! handler, or of one concurrency key, across every worker (ADR 0017).
+//! Limits on a handler's runs, across every worker (ADR 0017): at most N
+//! runs at once, and at most R starts per period, of a handler, of a
+//! tenant's events of it, or of one concurrency key's.
 //!
-//! A limit is a row in the store; a run that a limit counts holds a slot
-//! there, kept by the run's lease: the claim takes it in the statement that
-//! takes the lease, a settle gives it back, and a lease that lapses (a
-//! killed worker) lapses the slot with it. An event whose limit is full
-//! when it is claimed waits in the store without a notification, and the
-//! settle that frees a slot wakes the longest-waiting one.
+//! A limit is a row in the store. A run that a concurrency limit counts
+//! holds a slot there, kept by the run's lease: the claim takes it in the
+//! statement that takes the lease, a settle gives it back, and a lease
+//! that lapses (a killed worker) lapses the slot with it. An event whose
+//! limit is full when it is claimed waits in the store without a
+//! notification, and the settle that frees a slot wakes the
+//! longest-waiting one. A rate limit is a GCRA kept in the store and
+//! advanced by the claim: an event over it is given its turn (its `run_at`
+//! moves there, the turn booked for it) and starts then.
+
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -165,8 +171,9 @@ impl LimitSource {
     }
 }
 
-/// A concurrency limit: at most `running` runs at once of the events
-/// `scope` counts, of `handler`.
+/// The limits of `handler`'s events that `scope` counts together: at most
+/// `running` runs at once, and at most `rate`'s starts per period; one or
+/// both.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Limit {
     /// The handler whose runs it counts.
@@ -175,17 +182,100 @@ pub struct Limit {
     #[serde(flatten)]
     pub scope: LimitScope,
     /// Most runs at once, at least 1 (pause the handler to run none).
-    pub running: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running: Option<u32>,
+    /// Most starts per period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<Rate>,
 }
 
+/// At most `starts` starts per `period`, evenly spaced (one every
+/// `period / starts`), with up to `burst` of them at once after a quiet
+/// spell: a GCRA (the generic cell rate algorithm) whose theoretical
+/// arrival time the store keeps and the claim advances. In any window of
+/// one period, at most `starts + burst` runs start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Rate {
+    /// Starts per period, at least 1.
+    pub starts: u32,
+    /// The period, at least 1 ms, at most a day.
+    #[serde(with = "duration_ms")]
+    pub period: Duration,
+    /// Starts allowed at once after a quiet spell, at least 1 (1: none
+    /// closer than `period / starts`).
+    pub burst: u32,
+}
+
+impl Rate {
+    /// The spacing of starts, in microseconds (at least 1).
+    pub fn interval_us(&self) -> i64 {
+        ((self.period.as_micros() / u128::from(self.starts.max(1))) as i64).max(1)
+    }
+}
+
+mod duration_ms {
+    use std::time::Duration;
+
+    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_millis() as u64)
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let ms: u64 = serde::Deserialize::deserialize(d)?;
+        Ok(Duration::from_millis(ms))
+    }
+}
+
+/// The longest rate period.
+pub const MAX_PERIOD: Duration = Duration::from_secs(24 * 3600);
+
 impl Limit {
-    /// Checks the limit's names and number: what a store refuses as invalid.
-    pub fn check(&self) -> Result<(), String> {
-        if self.running == 0 {
-            return Err("a limit of 0 runs nothing: pause the handler instead".into());
+    /// A concurrency limit alone.
+    pub fn running(handler: impl Into<String>, scope: LimitScope, running: u32) -> Self {
+        Limit {
+            handler: handler.into(),
+            scope,
+            running: Some(running),
+            rate: None,
         }
-        if self.running > MAX_RUNNING {
-            return Err(format!("a limit is at most {MAX_RUNNING} runs at once"));
+    }
+
+    /// A rate limit alone.
+    pub fn rate(handler: impl Into<String>, scope: LimitScope, rate: Rate) -> Self {
+        Limit {
+            handler: handler.into(),
+            scope,
+            running: None,
+            rate: Some(rate),
+        }
+    }
+
+    /// Checks the limit's names and numbers: what a store refuses as invalid.
+    pub fn check(&self) -> Result<(), String> {
+        match (self.running, self.rate) {
+            (None, None) => return Err("a limit sets running, rate or both".into()),
+            (Some(0), _) => {
+                return Err("a limit of 0 runs nothing: pause the handler instead".into())
+            }
+            (Some(n), _) if n > MAX_RUNNING => {
+                return Err(format!("a limit is at most {MAX_RUNNING} runs at once"))
+            }
+            _ => {}
+        }
+        if let Some(r) = self.rate {
+            if r.starts == 0 || r.burst == 0 {
+                return Err(
+                    "a rate starts at least 1 per period, with a burst of at least 1".into(),
+                );
+            }
+            if r.starts > MAX_RUNNING || r.burst > MAX_RUNNING {
+                return Err(format!(
+                    "a rate's starts and burst are at most {MAX_RUNNING}"
+                ));
+            }
+            if r.period < Duration::from_millis(1) || r.period > MAX_PERIOD {
+                return Err("a rate's period is 1 ms to 24 h".into());
+            }
         }
         if self.handler.is_empty() {
             return Err("a limit names its handler".into());
@@ -274,11 +364,7 @@ mod tests {
 
     #[test]
     fn a_limit_of_nothing_or_without_names_is_refused() {
-        let limit = |running, scope| Limit {
-            handler: "h".into(),
-            scope,
-            running,
-        };
+        let limit = |running, scope| Limit::running("h", scope, running);
         assert!(limit(1, LimitScope::Handler).check().is_ok());
         assert!(limit(0, LimitScope::Handler).check().is_err());
         assert!(limit(MAX_RUNNING + 1, LimitScope::Handler).check().is_err());
@@ -289,6 +375,31 @@ mod tests {
             }),
         };
         assert!(limit(1, empty_key).check().is_err());
+        let rate = |starts, period_ms, burst| Rate {
+            starts,
+            period: Duration::from_millis(period_ms),
+            burst,
+        };
+        let ok = Limit::rate("h", LimitScope::Handler, rate(10, 1000, 1));
+        assert!(ok.check().is_ok());
+        assert_eq!(rate(10, 1000, 1).interval_us(), 100_000);
+        assert_eq!(rate(3, 1000, 1).interval_us(), 333_333);
+        for bad in [
+            rate(0, 1000, 1),
+            rate(1, 0, 1),
+            rate(1, 1000, 0),
+            rate(1, 90_000_000, 1),
+        ] {
+            assert!(
+                Limit::rate("h", LimitScope::Handler, bad).check().is_err(),
+                "{bad:?}"
+            );
+        }
+        let neither = Limit {
+            running: None,
+            ..ok
+        };
+        assert!(neither.check().is_err());
     }
 
     #[test]

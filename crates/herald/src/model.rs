@@ -198,6 +198,11 @@ pub struct Event {
     /// per key count its runs under this key, within its tenant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency_key: Option<String>,
+    /// The turn a rate limit gave it, when a claim found it over the rate:
+    /// its `run_at` moved there, and the start at that turn is not charged
+    /// again. Cleared when it starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_turn: Option<Millis>,
     /// When it was emitted.
     pub created_at: Millis,
     /// When it last changed.

@@ -71,6 +71,7 @@ fn event() -> impl Strategy<Value = Event> {
         proptest::option::of(-100_000i64..100_000),
     )
         .prop_map(|(state, due_in, attempt, max_attempts, lease)| Event {
+            rate_turn: None,
             concurrency_key: None,
             id: EventId::new(),
             tenant: "acme".into(),
@@ -445,6 +446,7 @@ fn a_queue_limit_below_the_fixed_delays_caps_every_nack() {
     };
     assert_eq!(w.failed.reply, Reply::Nack(Duration::ZERO));
     let mut event = Event {
+        rate_turn: None,
         concurrency_key: None,
         id: EventId::new(),
         tenant: "acme".into(),

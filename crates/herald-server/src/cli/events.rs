@@ -204,6 +204,9 @@ async fn show(args: IdArgs) -> Result<(), Failure> {
     if !e["concurrency_key"].is_null() {
         lines.push(("concurrency_key", text(&e["concurrency_key"])));
     }
+    if !e["rate_limited_until"].is_null() {
+        lines.push(("rate_limited_until", text(&e["rate_limited_until"])));
+    }
     if !e["waiting_for"].is_null() {
         lines.push(("waiting_for", text(&e["waiting_for"]["reason"])));
     }

@@ -1,17 +1,19 @@
-//! `herald limits list|set|remove`: concurrency limits on a running server.
+//! `herald limits list|set|remove`: limits on a running server, of runs
+//! at once and of starts per period.
 
 use reqwest::Method;
 use serde_json::Value;
 
 use super::{print, table, text, unexpected, Api, Failure, Remote};
 
-/// List, set and remove concurrency limits.
+/// List, set and remove limits.
 #[derive(clap::Subcommand, Debug)]
 pub enum LimitsCommand {
     /// List the limits (a tenant token sees the defaults and its own).
     List(ListArgs),
-    /// Set a limit: at most RUNNING runs at once of HANDLER's events,
-    /// counted per --per; a raised limit lets its waiting events run now.
+    /// Set a limit of HANDLER's events, counted per --per: at most
+    /// --running runs at once, at most --rate starts per period, or both.
+    /// A raised limit lets its waiting events run now.
     Set(SetArgs),
     /// Remove a limit; the events it held run as slots allow.
     Remove(NameArgs),
@@ -51,10 +53,17 @@ pub struct NameArgs {
 
 /// `herald limits set`.
 #[derive(clap::Args, Debug)]
+#[command(group(clap::ArgGroup::new("what").required(true).multiple(true).args(["running", "rate"])))]
 pub struct SetArgs {
     /// Most runs at once.
     #[arg(long, value_name = "N")]
-    pub running: u32,
+    pub running: Option<u32>,
+    /// Most starts per period: "10/1s", "600/1m".
+    #[arg(long, value_name = "STARTS/PERIOD")]
+    pub rate: Option<String>,
+    /// Starts allowed at once after a quiet spell (with --rate; default 1).
+    #[arg(long, value_name = "N", requires = "rate")]
+    pub burst: Option<u32>,
     /// The limit's name.
     #[command(flatten)]
     pub name: NameArgs,
@@ -98,7 +107,30 @@ async fn set(args: SetArgs) -> Result<(), Failure> {
         .into_iter()
         .map(|(k, v)| (k.to_string(), Value::String(v)))
         .collect();
-    body.insert("running".into(), Value::from(args.running));
+    if let Some(n) = args.running {
+        body.insert("running".into(), Value::from(n));
+    }
+    if let Some(rate) = &args.rate {
+        let (starts, period) = rate.split_once('/').ok_or_else(|| {
+            Failure::new(
+                super::exit::USAGE,
+                format!("--rate {rate:?}: write STARTS/PERIOD, as 10/1s or 600/1m"),
+            )
+        })?;
+        let starts: u32 = starts.trim().parse().map_err(|_| {
+            Failure::new(
+                super::exit::USAGE,
+                format!("--rate {rate:?}: {starts:?} is not a number"),
+            )
+        })?;
+        let mut r = serde_json::Map::new();
+        r.insert("starts".into(), Value::from(starts));
+        r.insert("period".into(), Value::from(period.trim()));
+        if let Some(b) = args.burst {
+            r.insert("burst".into(), Value::from(b));
+        }
+        body.insert("rate".into(), Value::Object(r));
+    }
     let body = Value::Object(body).to_string();
     let reply = api
         .call(Method::PUT, &["v1", "limits"], &[], Some(body))
@@ -112,10 +144,18 @@ async fn set(args: SetArgs) -> Result<(), Failure> {
         _ => return Err(unexpected("changed", &reply)),
     };
     let what = describe(&args.name);
+    let mut set = Vec::new();
+    if let Some(n) = args.running {
+        set.push(format!("at most {n} at once"));
+    }
+    if let Some(r) = &args.rate {
+        set.push(format!("at most {r} starts"));
+    }
+    let set = set.join(", ");
     print(&if changed {
-        format!("{what}: at most {} at once", args.running)
+        format!("{what}: {set}")
     } else {
-        format!("{what}: already at most {} at once", args.running)
+        format!("{what}: already {set}")
     });
     Ok(())
 }
@@ -179,6 +219,19 @@ async fn list(args: ListArgs) -> Result<(), Failure> {
                     "-".into()
                 },
                 text(&l["running"]),
+                if l["rate"].is_null() {
+                    "-".to_string()
+                } else {
+                    let burst = match l["rate"]["burst"].as_u64() {
+                        Some(b) => format!(" burst {b}"),
+                        None => String::new(),
+                    };
+                    format!(
+                        "{}/{}{burst}",
+                        l["rate"]["starts"],
+                        text(&l["rate"]["period"])
+                    )
+                },
                 text(&l["source"]),
             ]
         })
@@ -188,7 +241,9 @@ async fn list(args: ListArgs) -> Result<(), Failure> {
         return Ok(());
     }
     print(&table(
-        &["HANDLER", "PER", "TENANT", "KEY", "RUNNING", "SOURCE"],
+        &[
+            "HANDLER", "PER", "TENANT", "KEY", "RUNNING", "RATE", "SOURCE",
+        ],
         &rows,
     ));
     Ok(())

@@ -23,6 +23,7 @@ use herald_postgres::RunCommits;
 
 pub use file::parse_duration;
 pub use queue::{QueueConfig, DEFAULT_NATS_STREAM};
+pub use resolve::parse_rate;
 use sources::{read_file, scalar, set, Origins, ENV_KEYS};
 
 /// The default listen address.

@@ -100,8 +100,11 @@ pub(super) fn resolve(mut raw: FileConfig, origins: &Origins) -> Result<ServeCon
 }
 
 /// `[handlers.NAME.limit]`, taken out of each handler's table (the rest
-/// is the handler's own): `running` (every run of the handler),
-/// `per_tenant` (each tenant's), `per_key` (each concurrency key's).
+/// is the handler's own): `running`, `per_tenant`, `per_key` (runs at
+/// once of every run of the handler, of each tenant's, of each
+/// concurrency key's) and `rate`, `rate_per_tenant`, `rate_per_key`
+/// (starts per period of the same: `"10/1s"` or `{ starts = 10, period =
+/// "1s", burst = 5 }`).
 fn resolve_run_limits(
     handlers: &mut std::collections::BTreeMap<String, toml::Value>,
     err: &Refuse<'_>,
@@ -112,6 +115,9 @@ fn resolve_run_limits(
         running: Option<u32>,
         per_tenant: Option<u32>,
         per_key: Option<u32>,
+        rate: Option<RateSection>,
+        rate_per_tenant: Option<RateSection>,
+        rate_per_key: Option<RateSection>,
     }
     let mut out = Vec::new();
     for (name, value) in handlers.iter_mut() {
@@ -123,32 +129,103 @@ fn resolve_run_limits(
             .try_into()
             .map_err(|e: toml::de::Error| err(&key, e.message().to_string()))?;
         let scopes = [
-            ("running", section.running, herald::LimitScope::Handler),
+            (
+                "running",
+                "rate",
+                section.running,
+                section.rate,
+                herald::LimitScope::Handler,
+            ),
             (
                 "per_tenant",
+                "rate_per_tenant",
                 section.per_tenant,
+                section.rate_per_tenant,
                 herald::LimitScope::Tenant { tenant: None },
             ),
             (
                 "per_key",
+                "rate_per_key",
                 section.per_key,
+                section.rate_per_key,
                 herald::LimitScope::Key { key: None },
             ),
         ];
-        for (field, running, scope) in scopes {
-            let Some(running) = running else { continue };
+        for (field, rate_field, running, rate, scope) in scopes {
+            if running.is_none() && rate.is_none() {
+                continue;
+            }
+            let rate = match rate {
+                None => None,
+                Some(r) => Some(
+                    r.resolve()
+                        .map_err(|m| err(&format!("{key}.{rate_field}"), m))?,
+                ),
+            };
             let limit = herald::Limit {
                 handler: name.clone(),
                 scope,
                 running,
+                rate,
+            };
+            let bad_running = running.is_some_and(|n| n == 0 || n > herald::limit::MAX_RUNNING);
+            let named = if bad_running || rate.is_none() {
+                field
+            } else {
+                rate_field
             };
             limit
                 .check()
-                .map_err(|m| err(&format!("{key}.{field}"), m))?;
+                .map_err(|m| err(&format!("{key}.{named}"), m))?;
             out.push(limit);
         }
     }
     Ok(out)
+}
+
+/// A rate as written: `"10/1s"` (starts per period, no burst), or a table.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum RateSection {
+    Text(String),
+    Table {
+        starts: u32,
+        period: String,
+        #[serde(default)]
+        burst: Option<u32>,
+    },
+}
+
+impl RateSection {
+    fn resolve(self) -> Result<herald::limit::Rate, String> {
+        match self {
+            RateSection::Text(text) => parse_rate(&text, None),
+            RateSection::Table {
+                starts,
+                period,
+                burst,
+            } => parse_rate(&format!("{starts}/{period}"), burst),
+        }
+    }
+}
+
+/// `"STARTS/PERIOD"` (`"10/1s"`, `"600/1m"`) and a burst (default 1).
+pub fn parse_rate(text: &str, burst: Option<u32>) -> Result<herald::limit::Rate, String> {
+    let (starts, period) = text
+        .split_once('/')
+        .ok_or_else(|| format!("rate {text:?}: write STARTS/PERIOD, as \"10/1s\" or \"600/1m\""))?;
+    let starts: u32 = starts.trim().parse().map_err(|_| {
+        format!(
+            "rate {text:?}: {:?} is not a number of starts",
+            starts.trim()
+        )
+    })?;
+    let period = super::parse_duration(period.trim()).map_err(|m| format!("rate {text:?}: {m}"))?;
+    Ok(herald::limit::Rate {
+        starts,
+        period,
+        burst: burst.unwrap_or(1),
+    })
 }
 
 /// The pool's, the listener's and the requests' limits.

@@ -1009,11 +1009,7 @@ per_key = 1
         Overrides::default(),
     )
     .unwrap();
-    let limit = |scope, running| herald::Limit {
-        handler: "sync".into(),
-        scope,
-        running,
-    };
+    let limit = |scope, running| herald::Limit::running("sync", scope, running);
     assert_eq!(
         c.run_limits,
         vec![

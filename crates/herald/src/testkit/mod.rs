@@ -331,6 +331,8 @@ macro_rules! store_suite {
             a_lapsed_lease_frees_its_slot_and_a_renewal_keeps_it,
             raising_or_removing_a_limit_wakes_its_waiters,
             limits_are_set_listed_and_synced,
+            a_rate_gives_each_start_its_turn,
+            a_rate_s_burst_starts_at_once,
             rules_add_remove_and_list,
             renotify_pages_through_2500_events_without_duplicates_or_gaps,
             sweep_pages_through_due_events_and_skips_held_ones,

@@ -47,6 +47,9 @@ pub(super) struct EventView {
     /// when one event is shown, and one holds it).
     #[serde(skip_serializing_if = "Option::is_none")]
     waiting_for: Option<WaitView>,
+    /// The turn a rate limit gave it, while it is ahead: it starts then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rate_limited_until: Option<String>,
     created_at: String,
     updated_at: String,
 }
@@ -117,6 +120,10 @@ impl From<Event> for EventView {
             topic: e.topic,
             concurrency_key: e.concurrency_key,
             waiting_for: None,
+            rate_limited_until: e
+                .rate_turn
+                .filter(|t| e.state == EventState::Pending && t.0 > now.0)
+                .map(time),
             created_at: time(e.created_at),
             updated_at: time(e.updated_at),
         }

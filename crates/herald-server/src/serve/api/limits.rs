@@ -1,4 +1,5 @@
-//! Concurrency limits: `GET`, `PUT` and `DELETE /v1/limits`.
+//! Limits: `GET`, `PUT` and `DELETE /v1/limits`: runs at once
+//! (`running`) and starts per period (`rate`).
 //!
 //! A limit is named by its handler and what it counts (`per`): every run
 //! of the handler (`handler`), each tenant's (`tenant`, with `tenant` for
@@ -39,7 +40,28 @@ pub(super) struct LimitBody {
     tenant: Option<String>,
     #[serde(default)]
     key: Option<String>,
-    running: u32,
+    #[serde(default)]
+    running: Option<u32>,
+    #[serde(default)]
+    rate: Option<RateBody>,
+}
+
+/// A rate as the API writes it: `{"starts": 10, "period": "1s", "burst": 5}`.
+#[derive(Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RateBody {
+    starts: u32,
+    period: String,
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    burst: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
 }
 
 /// A stored limit as the API shows it.
@@ -51,7 +73,10 @@ pub(super) struct LimitView {
     tenant: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     key: Option<String>,
-    running: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    running: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rate: Option<RateBody>,
     source: herald::LimitSource,
 }
 
@@ -65,6 +90,11 @@ impl From<StoredLimit> for LimitView {
             key: some(key),
             handler: l.limit.handler,
             running: l.limit.running,
+            rate: l.limit.rate.map(|r| RateBody {
+                starts: r.starts,
+                period: humantime::format_duration(r.period).to_string(),
+                burst: r.burst,
+            }),
             source: l.source,
         }
     }
@@ -122,10 +152,20 @@ pub(super) async fn put_limit(
         key: body.key,
     };
     let scope = name.scope(&caller)?;
+    let rate = match body.rate {
+        None => None,
+        Some(r) => Some(
+            crate::config::parse_rate(&format!("{}/{}", r.starts, r.period), Some(r.burst))
+                .map_err(|m| {
+                    ApiError::invalid("invalid_limit", herald::escape::escaped(&m).to_string())
+                })?,
+        ),
+    };
     let limit = Limit {
         handler: name.handler,
         scope,
         running: body.running,
+        rate,
     };
     limit
         .check()

@@ -8,14 +8,10 @@ use std::time::Duration;
 
 use super::*;
 use crate::backend::{LeaseRef, Store};
-use crate::limit::{Limit, LimitKind, LimitScope, LimitSource, TenantKey};
+use crate::limit::{Limit, LimitKind, LimitScope, LimitSource, Rate, TenantKey};
 
 fn limit(handler: &str, scope: LimitScope, running: u32) -> Limit {
-    Limit {
-        handler: handler.into(),
-        scope,
-        running,
-    }
+    Limit::running(handler, scope, running)
 }
 
 fn per_key() -> LimitScope {
@@ -305,19 +301,25 @@ pub async fn limits_are_set_listed_and_synced(store: Arc<dyn Store>) {
             key: "acme".into(),
         }),
     };
-    let declared = vec![limit("b", per_key(), 1), limit("b", key.clone(), 4)];
+    let both = Limit {
+        rate: Some(Rate {
+            starts: 10,
+            period: Duration::from_secs(1),
+            burst: 3,
+        }),
+        ..limit("b", key.clone(), 4)
+    };
+    let declared = vec![limit("b", per_key(), 1), both.clone()];
     assert_eq!(store.sync_limits(&declared).await.expect("sync"), vec![]);
     let listed = store.limits(None).await.expect("list");
-    let shown: Vec<(String, LimitScope, u32, LimitSource)> = listed
-        .into_iter()
-        .map(|l| (l.limit.handler, l.limit.scope, l.limit.running, l.source))
-        .collect();
+    let shown: Vec<(Limit, LimitSource)> =
+        listed.into_iter().map(|l| (l.limit, l.source)).collect();
     assert_eq!(
         shown,
         vec![
-            ("a".into(), LimitScope::Handler, 6, LimitSource::Api),
-            ("b".into(), per_key(), 1, LimitSource::Config),
-            ("b".into(), key.clone(), 4, LimitSource::Config),
+            (limit("a", LimitScope::Handler, 6), LimitSource::Api),
+            (limit("b", per_key(), 1), LimitSource::Config),
+            (both, LimitSource::Config),
         ]
     );
     let loosened = store
@@ -334,4 +336,108 @@ pub async fn limits_are_set_listed_and_synced(store: Arc<dyn Store>) {
         .remove_limit("a", &LimitScope::Handler)
         .await
         .expect("again"));
+}
+
+/// A rate of 2 starts a second (one every 500 ms), no burst: of four
+/// events claimed at once one starts; each other is given its own turn,
+/// 500 ms after the one before, its `run_at` moved there and the turn
+/// booked (`rate_turn`), its claim undone. Before its turn it cannot be
+/// claimed; at its turn its claim starts it without a second charge (the
+/// next one is still on time), and the turn is cleared.
+pub async fn a_rate_gives_each_start_its_turn(store: Arc<dyn Store>) {
+    let store = store.as_ref();
+    let rate = Rate {
+        starts: 2,
+        period: Duration::from_secs(1),
+        burst: 1,
+    };
+    assert!(store
+        .set_limit(&Limit::rate("h", LimitScope::Handler, rate))
+        .await
+        .expect("set"));
+    let all = emit_all(
+        store,
+        &(0..4).map(|_| new_event("t", "h")).collect::<Vec<_>>(),
+    )
+    .await;
+    let before = store_now(store).await;
+    let runs = claim_ids(store, &all, LEASE).await;
+    assert_eq!(runs.len(), 1, "one start now");
+    let seen = store.inspect(&all).await.expect("inspect");
+    let mut turns: Vec<(Millis, EventId)> = seen
+        .found
+        .iter()
+        .filter(|i| i.event.id != runs[0].id)
+        .map(|i| {
+            assert_eq!(
+                i.event.rate_turn,
+                Some(i.event.run_at),
+                "the turn is booked"
+            );
+            assert_eq!(
+                (i.event.attempt, i.event.lease),
+                (0, None),
+                "its claim undone"
+            );
+            (i.event.run_at, i.event.id)
+        })
+        .collect();
+    turns.sort();
+    assert_eq!(turns.len(), 3);
+    assert!(
+        turns[0].0 .0 >= before.0 + 499,
+        "{turns:?} after {before:?}"
+    );
+    for pair in turns.windows(2) {
+        let gap = pair[1].0 .0 - pair[0].0 .0;
+        assert!((499..=501).contains(&gap), "turns 500 ms apart: {turns:?}");
+    }
+    let waiting: Vec<EventId> = turns.iter().map(|t| t.1).collect();
+    assert!(
+        claim_ids(store, &waiting, LEASE).await.is_empty(),
+        "not before its turn"
+    );
+    for (turn, id) in turns {
+        while store_now(store).await < turn {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let got = claim_ids(store, &[id], LEASE).await;
+        assert_eq!(got.len(), 1, "at its turn it starts");
+        assert_eq!(get(store, id).await.rate_turn, None, "its turn is spent");
+    }
+}
+
+/// A burst lets that many start at once after a quiet spell; the next
+/// waits one interval.
+pub async fn a_rate_s_burst_starts_at_once(store: Arc<dyn Store>) {
+    let store = store.as_ref();
+    let rate = Rate {
+        starts: 1,
+        period: Duration::from_secs(60),
+        burst: 3,
+    };
+    let per_tenant = LimitScope::Tenant { tenant: None };
+    store
+        .set_limit(&Limit::rate("h", per_tenant, rate))
+        .await
+        .expect("set");
+    let mut events: Vec<NewEvent> = (0..5).map(|_| new_event("a", "h")).collect();
+    events.push(new_event("b", "h"));
+    let all = emit_all(store, &events).await;
+    let runs = claim_ids(store, &all, LEASE).await;
+    let started = ids(&runs);
+    assert_eq!(
+        started,
+        HashSet::from([all[0], all[1], all[2], all[5]]),
+        "a's burst of 3, and b's own"
+    );
+    let now = store_now(store).await;
+    let later = store.inspect(&all[3..5]).await.expect("inspect");
+    for i in &later.found {
+        assert!(
+            i.event.run_at.0 >= now.0 + 59_000,
+            "a minute on: {:?}",
+            i.event
+        );
+    }
 }
