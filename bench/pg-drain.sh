@@ -8,10 +8,22 @@
 #   bench/pg-drain.sh [URL]          # default postgres://postgres@127.0.0.1:5432/test
 #   RUNS=5 EVENTS=200000 bench/pg-drain.sh
 #   CASES="plain hold-tx" EXTRA="--tenants 64" bench/pg-drain.sh
+#   RUNS=1 EVENTS=50000 CASES="plain limited keyed plain limited keyed" bench/pg-drain.sh
 #
 # Cases: plain; paused (behind 1,000,000 events of paused handlers); hold-tx
 # (a transaction holds an xid for the whole drain, so vacuum can clean
-# nothing).
+# nothing); limited (the handler has a limit of 100,000 runs at once, which
+# never binds: every claim goes through claim_limited and takes a slot, and
+# every settle frees one, so it measures what the limit's bookkeeping costs
+# per event against plain); keyed (the events carry 1,000 concurrency keys
+# round robin, each limited to one run at once: an event claimed while its
+# key's slot is taken is parked, and the settle that frees the slot wakes
+# it, so it measures what a slot per key, parking and waking cost and how
+# far one run at a time per key slows the drain; how many events park
+# varies from run to run; with the default 16 tenants the keys fall into
+# 2,000 tenant-key scopes, since a key counts within its tenant). Not in
+# the default CASES. Each case runs RUNS times in a row: to alternate them,
+# name them again, as above.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 URL=${1:-${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}}
@@ -45,6 +57,8 @@ for case in $CASES; do
   case $case in
     plain|hold-tx) flags="" ;;
     paused) flags="--backlog 1000000 --backlog-kind paused" ;;
+    limited) flags="--limit-running 100000" ;;
+    keyed) flags="--limit-per-key 1 --keys 1000" ;;
     *) echo "unknown case $case" >&2; exit 2 ;;
   esac
   for run in $(seq 1 "$RUNS"); do

@@ -1,10 +1,16 @@
 //! The drain: N no-op events stored (untimed), optionally behind a backlog
 //! of events that are not runnable, then a worker started and timed until
-//! every runnable one has run.
+//! every runnable one has run. Optionally under concurrency limits
+//! (`--limit-running`, `--limit-per-key` with `--keys`), set before the
+//! runnable events are stored: the events a full limit holds are parked by
+//! the claim and woken by the settle that frees a slot, so the drain ends
+//! the same way, when every event has run.
 
 use std::time::{Duration, Instant};
 
-use herald::{EmitOptions, EmitRequest, EventId, Millis, NewEvent, Rule, RuleKind, RunAt};
+use herald::{
+    EmitOptions, EmitRequest, EventId, Limit, LimitScope, Millis, NewEvent, Rule, RuleKind, RunAt,
+};
 use serde_json::json;
 
 use super::hook::Hook;
@@ -25,7 +31,8 @@ pub(super) async fn run(args: &Args) -> Result<Report, BenchError> {
         park_backlog(&bench).await?;
         bench.hook.call("backlog-parked").await?;
     }
-    store_runnable(&bench, events, args.tenants).await?;
+    set_limits(&bench, args).await?;
+    store_runnable(&bench, events, args.tenants, args.keys).await?;
     bench.hook.call("drain-start").await?;
 
     let cpu = process_cpu();
@@ -74,6 +81,19 @@ pub(super) async fn run(args: &Args) -> Result<Report, BenchError> {
     report.events_per_s = Some(events as f64 / seconds);
     report.process_cpu_ms = Some(cpu);
     report.knobs.insert("tenants".into(), json!(args.tenants));
+    if args.keys > 0 {
+        report.knobs.insert("keys".into(), json!(args.keys));
+        report.knobs.insert(
+            "key_scopes".into(),
+            json!(lcm(args.tenants.max(1), args.keys)),
+        );
+    }
+    if let Some(n) = args.limit_running {
+        report.knobs.insert("limit_running".into(), json!(n));
+    }
+    if let Some(n) = args.limit_per_key {
+        report.knobs.insert("limit_per_key".into(), json!(n));
+    }
     if args.backlog > 0 && args.backlog_kind == "paused" {
         report
             .knobs
@@ -83,21 +103,59 @@ pub(super) async fn run(args: &Args) -> Result<Report, BenchError> {
     Ok(report)
 }
 
+/// Sets the drain's concurrency limits on [`HANDLER`] (`--limit-running`,
+/// `--limit-per-key`), if any.
+async fn set_limits(bench: &Bench, args: &Args) -> Result<(), BenchError> {
+    if args.limit_per_key.is_some() && args.keys == 0 {
+        return Err(BenchError::Usage(
+            "--limit-per-key limits events with a concurrency key: give them some with --keys"
+                .into(),
+        ));
+    }
+    let limits = [
+        args.limit_running.map(|running| Limit {
+            handler: HANDLER.into(),
+            scope: LimitScope::Handler,
+            running,
+        }),
+        args.limit_per_key.map(|running| Limit {
+            handler: HANDLER.into(),
+            scope: LimitScope::Key { key: None },
+            running,
+        }),
+    ];
+    for limit in limits.into_iter().flatten() {
+        limit
+            .check()
+            .map_err(|e| BenchError::Usage(format!("{limit:?}: {e}")))?;
+        bench.client.set_limit(&limit).await?;
+    }
+    Ok(())
+}
+
 /// Emits `events` runnable events `{"seq": N}` in batches, spread over
-/// `tenants` (untimed preparation).
+/// `tenants` and, when `keys` is not 0, carrying the concurrency keys `k0`
+/// … `k{keys-1}` round robin (untimed preparation).
 pub(super) async fn store_runnable(
     bench: &Bench,
     events: u64,
     tenants: u64,
+    keys: u64,
 ) -> Result<(), BenchError> {
     for start in (0..events).step_by(CHUNK as usize) {
         let n = CHUNK.min(events - start);
         let batch = (start..start + n)
-            .map(|seq| EmitRequest {
-                tenant: format!("tenant-{}", seq % tenants.max(1)),
-                handler: HANDLER.into(),
-                payload: format!(r#"{{"seq":{seq}}}"#),
-                options: EmitOptions::default(),
+            .map(|seq| {
+                let mut options = EmitOptions::default();
+                if keys > 0 {
+                    options = options.concurrency_key(format!("k{}", seq % keys));
+                }
+                EmitRequest {
+                    tenant: format!("tenant-{}", seq % tenants.max(1)),
+                    handler: HANDLER.into(),
+                    payload: format!(r#"{{"seq":{seq}}}"#),
+                    options,
+                }
             })
             .collect();
         bench.client.emit_batch(batch).await?;
@@ -181,4 +239,14 @@ async fn park_backlog(bench: &Bench) -> Result<(), BenchError> {
         pass = Some(page.pass);
     }
     Ok(())
+}
+
+/// The least common multiple: the tenant-key pairs that `b` keys round
+/// robin over `a` tenants round robin make.
+fn lcm(a: u64, b: u64) -> u64 {
+    let (mut x, mut y) = (a, b);
+    while y != 0 {
+        (x, y) = (y, x % y);
+    }
+    a / x * b
 }

@@ -91,6 +91,22 @@ struct Args {
     /// Tenants the events are spread over.
     #[arg(long, default_value_t = 16)]
     tenants: u64,
+    /// drain: before the drain (untimed), set a limit of N runs at once on
+    /// the drained handler, over all its runs (`LimitScope::Handler`). One
+    /// above the worker's concurrency never binds: it measures the limit's
+    /// bookkeeping (a slot per run).
+    #[arg(long, value_name = "N")]
+    limit_running: Option<u32>,
+    /// drain: before the drain (untimed), set a limit of N runs at once per
+    /// concurrency key, the default of every key (`LimitScope::Key { key:
+    /// None }`); needs --keys.
+    #[arg(long, value_name = "N", requires = "keys")]
+    limit_per_key: Option<u32>,
+    /// drain: emit the runnable events with the concurrency keys `k0` …
+    /// `k{K-1}`, round robin (a key's scope is its tenant's: with T tenants
+    /// the events fall into lcm(T, K) tenant-key scopes); 0: no key.
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    keys: u64,
     /// emit: single emits.
     #[arg(long, default_value_t = 20_000)]
     single: u64,

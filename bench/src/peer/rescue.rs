@@ -46,7 +46,7 @@ pub(super) async fn run(args: &Args) -> Result<Report, BenchError> {
 
 async fn victim(args: &Args, events: u64) -> Result<Report, BenchError> {
     let bench = Bench::open(&args.target, Fresh::Empty).await?;
-    store_runnable(&bench, events, 16).await?;
+    store_runnable(&bench, events, 16, 0).await?;
     let started = Arc::new(AtomicU64::new(0));
     let count = started.clone();
     let worker = bench.worker(move |_: Seq, _| {
