@@ -113,16 +113,10 @@ async fn set_limits(bench: &Bench, args: &Args) -> Result<(), BenchError> {
         ));
     }
     let limits = [
-        args.limit_running.map(|running| Limit {
-            handler: HANDLER.into(),
-            scope: LimitScope::Handler,
-            running,
-        }),
-        args.limit_per_key.map(|running| Limit {
-            handler: HANDLER.into(),
-            scope: LimitScope::Key { key: None },
-            running,
-        }),
+        args.limit_running
+            .map(|running| Limit::running(HANDLER, LimitScope::Handler, running)),
+        args.limit_per_key
+            .map(|running| Limit::running(HANDLER, LimitScope::Key { key: None }, running)),
     ];
     for limit in limits.into_iter().flatten() {
         limit
