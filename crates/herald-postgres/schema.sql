@@ -136,6 +136,13 @@ CREATE TABLE leaders (
     holder text NOT NULL,
     expires_at bigint NOT NULL
 );
+CREATE TABLE limit_counts (
+    handler text NOT NULL,
+    kind smallint NOT NULL,
+    tenant text NOT NULL,
+    key text NOT NULL,
+    held integer NOT NULL
+);
 CREATE TABLE limit_slots (
     token uuid NOT NULL,
     kind smallint NOT NULL,
@@ -253,6 +260,8 @@ ALTER TABLE events_cold ADD CONSTRAINT events_max_attempts_check1 CHECK ((max_at
 ALTER TABLE events_cold ADD CONSTRAINT events_state_check1 CHECK ((state = ANY (ARRAY[0, 1, 2])));
 ALTER TABLE idempotency_keys ADD CONSTRAINT idempotency_keys_pkey PRIMARY KEY (tenant, handler, key);
 ALTER TABLE leaders ADD CONSTRAINT leaders_pkey PRIMARY KEY (role);
+ALTER TABLE limit_counts ADD CONSTRAINT limit_counts_held_check CHECK ((held >= 0));
+ALTER TABLE limit_counts ADD CONSTRAINT limit_counts_pkey PRIMARY KEY (handler, kind, tenant, key);
 ALTER TABLE limit_slots ADD CONSTRAINT limit_slots_pkey PRIMARY KEY (token, kind);
 ALTER TABLE limit_waits ADD CONSTRAINT limit_waits_pkey PRIMARY KEY (handler, kind, tenant, key, seq);
 ALTER TABLE limits ADD CONSTRAINT limits_burst_check CHECK ((burst > 0));
@@ -316,6 +325,7 @@ CREATE INDEX events_to_notify ON ONLY herald.events USING btree (notified_at, id
 CREATE INDEX idempotency_keys_by_age ON herald.idempotency_keys USING btree (stored_at);
 CREATE UNIQUE INDEX idempotency_keys_pkey ON herald.idempotency_keys USING btree (tenant, handler, key);
 CREATE UNIQUE INDEX leaders_pkey ON herald.leaders USING btree (role);
+CREATE UNIQUE INDEX limit_counts_pkey ON herald.limit_counts USING btree (handler, kind, tenant, key);
 CREATE INDEX limit_slots_by_expiry ON herald.limit_slots USING btree (expires_at);
 CREATE INDEX limit_slots_by_scope ON herald.limit_slots USING btree (handler, kind, tenant, key, expires_at);
 CREATE UNIQUE INDEX limit_slots_pkey ON herald.limit_slots USING btree (token, kind);
@@ -436,6 +446,10 @@ BEGIN
        SET attempt = e.attempt + 1, lease_token = $1[array_position($3, e.id)],
            lease_expires_at = now_ms + $2, updated_at = now_ms
      WHERE e.id = ANY($3)
+       AND (e.leaf = (SELECT l.leaf FROM ring_empty AS l WHERE l.leaf = 1 AND NOT l.empty)
+            OR e.leaf = (SELECT l.leaf FROM ring_empty AS l WHERE l.leaf = 2 AND NOT l.empty)
+            OR e.leaf = (SELECT l.leaf FROM ring_empty AS l WHERE l.leaf = 3 AND NOT l.empty)
+            OR e.leaf = 0)
        AND (e.state + 0) = 0
        AND e.run_at <= now_ms
        AND (e.lease_expires_at IS NULL OR e.lease_expires_at <= now_ms)
@@ -454,7 +468,8 @@ BEGIN
     CROSS JOIN LATERAL (VALUES (0::int2, ''::text, ''::text), (1::int2, g.tenant, ''::text),
                                (2::int2, g.tenant, g.concurrency_key)) AS x(kind, tenant, key)
    WHERE x.key IS NOT NULL
-     AND (scope_row(x.kind, g.handler, x.tenant, x.key)).handler IS NOT NULL;
+     AND (g.handler, x.kind) IN (SELECT DISTINCT l.handler, l.kind FROM limits AS l
+                                  WHERE l.handler = ANY($4));
   IF s_id IS NULL THEN
     RETURN QUERY SELECT * FROM unnest(got);
     RETURN;
@@ -468,9 +483,9 @@ BEGIN
          array_agg(q.handler ORDER BY q.name), array_agg(q.tenant ORDER BY q.name),
          array_agg(q.key ORDER BY q.name),
          array_agg((q.l).running
-                   - (SELECT count(*) FROM limit_slots AS t
-                      WHERE t.handler = q.handler AND t.kind = q.kind AND t.tenant = q.tenant
-                        AND t.key = q.key AND t.expires_at > now_ms) ORDER BY q.name),
+                   - coalesce((SELECT c.held FROM limit_counts AS c
+                               WHERE c.handler = q.handler AND c.kind = q.kind
+                                 AND c.tenant = q.tenant AND c.key = q.key), 0) ORDER BY q.name),
          array_agg(CASE WHEN (q.l).starts IS NOT NULL
                         THEN greatest((q.l).period_ms * 1000 / (q.l).starts, 1) END ORDER BY q.name),
          array_agg(CASE WHEN (q.l).starts IS NOT NULL
@@ -483,9 +498,16 @@ BEGIN
     FROM (SELECT d.*, scope_row(d.kind, d.handler, d.tenant, d.key) AS l
             FROM (SELECT DISTINCT s.name, s.kind, s.handler, s.tenant, s.key
                     FROM unnest(s_name, s_kind, s_handler, s_tenant, s_key)
-                         AS s(name, kind, handler, tenant, key)) AS d) AS q;
+                         AS s(name, kind, handler, tenant, key)) AS d) AS q
+   WHERE (q.l).handler IS NOT NULL;
+  IF q_name IS NULL THEN
+    RETURN QUERY SELECT * FROM unnest(got);
+    RETURN;
+  END IF;
   charged := array_fill(false, ARRAY[cardinality(q_name)]);
-  FOR ev IN SELECT s.id, array_agg(array_position(q_name, s.name) ORDER BY s.kind) AS at,
+  FOR ev IN SELECT s.id,
+                   coalesce(array_agg(array_position(q_name, s.name) ORDER BY s.kind)
+                              FILTER (WHERE s.name = ANY(q_name)), '{}') AS at,
                    (SELECT g.rate_turn FROM unnest(got) AS g WHERE g.id = s.id) AS booked
               FROM unnest(s_id, s_name, s_kind) AS s(id, name, kind)
              GROUP BY s.id ORDER BY s.id LOOP
@@ -563,6 +585,13 @@ BEGIN
          AS s(id, kind, handler, tenant, key, token, expires)
    WHERE s.id = ANY(kept) AND q_room[array_position(q_name, s.kind::text || '/' || s.handler
                                                   || '/' || s.tenant || '/' || s.key)] IS NOT NULL;
+  INSERT INTO limit_counts AS c (handler, kind, tenant, key, held)
+  SELECT s.handler, s.kind, s.tenant, s.key, count(*)
+    FROM unnest(s_id, s_kind, s_handler, s_tenant, s_key, s_name)
+         AS s(id, kind, handler, tenant, key, name)
+   WHERE s.id = ANY(kept) AND q_room[array_position(q_name, s.name)] IS NOT NULL
+   GROUP BY s.handler, s.kind, s.tenant, s.key
+  ON CONFLICT (handler, kind, tenant, key) DO UPDATE SET held = c.held + excluded.held;
   RETURN QUERY SELECT * FROM unnest(got) AS g
    WHERE g.id <> ALL(r_id) AND g.id <> ALL(d_id);
 END$function$
@@ -640,7 +669,7 @@ BEGIN
              RETURNING t.kind, t.handler, t.tenant, t.key)
   SELECT array_agg(d.kind), array_agg(d.handler), array_agg(d.tenant), array_agg(d.key)
     INTO f_kind, f_handler, f_tenant, f_key FROM d;
-  RETURN QUERY SELECT * FROM wake_scopes(f_kind, f_handler, f_tenant, f_key, 1000);
+  RETURN QUERY SELECT * FROM wake_scopes(f_kind, f_handler, f_tenant, f_key, 1000, true);
 END$function$
 ;
 CREATE OR REPLACE FUNCTION herald.inspect(uuid[])
@@ -661,9 +690,9 @@ AS $function$BEGIN RETURN QUERY SELECT c.now, e.id, e.tenant, e.handler, e.paylo
        EXISTS (SELECT 1 FROM rules AS r WHERE r.tenant = e.tenant
                AND r.handler = e.handler AND r.kind = 'pause'),
        w.kind, w.tenant, w.key,
-       (SELECT count(*) FROM limit_slots AS t
+       (SELECT t.held::bigint FROM limit_counts AS t
         WHERE t.handler = w.handler AND t.kind = w.kind AND t.tenant = w.tenant
-          AND t.key = w.key AND t.expires_at > c.now),
+          AND t.key = w.key),
        (SELECT l.running FROM limits AS l
         WHERE l.handler = w.handler AND l.kind = w.kind
           AND (l.tenant = w.tenant OR l.tenant = '') AND (l.key = w.key OR l.key = '')
@@ -695,7 +724,7 @@ BEGIN
   IF f_kind IS NULL THEN
     RETURN;
   END IF;
-  RETURN QUERY SELECT * FROM wake_scopes(f_kind, f_handler, f_tenant, f_key, 1000);
+  RETURN QUERY SELECT * FROM wake_scopes(f_kind, f_handler, f_tenant, f_key, 1000, true);
 END$function$
 ;
 CREATE OR REPLACE FUNCTION herald.renew(bigint, uuid[], uuid[], integer[])
@@ -1150,7 +1179,8 @@ BEGIN
   END IF;
   RETURN QUERY SELECT w.tenant, w.id, NULL::text, NULL::text
     FROM wake_scopes(array_fill($2, ARRAY[cardinality(w_tenant)]),
-                     array_fill($1, ARRAY[cardinality(w_tenant)]), w_tenant, w_key, 1000) AS w;
+                     array_fill($1, ARRAY[cardinality(w_tenant)]), w_tenant, w_key, 1000,
+                     false) AS w;
   IF cardinality(w_tenant) >= $3 THEN
     RETURN QUERY SELECT NULL::text, NULL::uuid, w_tenant[cardinality(w_tenant)],
                         w_key[cardinality(w_key)];
@@ -1204,7 +1234,7 @@ BEGIN
   END LOOP;
 END$function$
 ;
-CREATE OR REPLACE FUNCTION herald.wake_scopes(smallint[], text[], text[], text[], integer)
+CREATE OR REPLACE FUNCTION herald.wake_scopes(smallint[], text[], text[], text[], integer, boolean)
  RETURNS TABLE(tenant text, id uuid)
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
@@ -1216,22 +1246,30 @@ AS $function$#variable_conflict use_column
 DECLARE
   sc record;
   room bigint;
-  now_ms bigint;
 BEGIN
   FOR sc IN SELECT DISTINCT scope_lock_key(s.kind, s.handler, s.tenant, s.key) AS lock_key
               FROM unnest($1, $2, $3, $4) AS s(kind, handler, tenant, key) ORDER BY 1 LOOP
     PERFORM pg_advisory_xact_lock(1751478881, sc.lock_key);
   END LOOP;
-  now_ms := floor(date_part('epoch', clock_timestamp()) * 1000)::bigint;
-  FOR sc IN SELECT DISTINCT s.kind, s.handler, s.tenant, s.key
-              FROM unnest($1, $2, $3, $4) AS s(kind, handler, tenant, key) LOOP
-    room := coalesce(scope_limit(sc.kind, sc.handler, sc.tenant, sc.key), $5)
-            - (SELECT count(*) FROM limit_slots AS t
-               WHERE t.handler = sc.handler AND t.kind = sc.kind AND t.tenant = sc.tenant
-                 AND t.key = sc.key AND t.expires_at > now_ms);
-    IF room > 0 THEN
-      RETURN QUERY SELECT * FROM wake_scope(sc.kind, sc.handler, sc.tenant, sc.key,
-                                            least(room, $5)::integer);
+  FOR sc IN SELECT s.kind, s.handler, s.tenant, s.key, count(*) AS n
+              FROM unnest($1, $2, $3, $4) AS s(kind, handler, tenant, key)
+             GROUP BY s.kind, s.handler, s.tenant, s.key LOOP
+    IF $6 THEN
+      UPDATE limit_counts AS c SET held = greatest(c.held - sc.n, 0)
+       WHERE c.handler = sc.handler AND c.kind = sc.kind AND c.tenant = sc.tenant
+         AND c.key = sc.key;
+    END IF;
+    IF EXISTS (SELECT 1 FROM limit_waits AS w
+               WHERE w.handler = sc.handler AND w.kind = sc.kind AND w.tenant = sc.tenant
+                 AND w.key = sc.key) THEN
+      room := coalesce(scope_limit(sc.kind, sc.handler, sc.tenant, sc.key), $5)
+              - coalesce((SELECT c.held FROM limit_counts AS c
+                          WHERE c.handler = sc.handler AND c.kind = sc.kind
+                            AND c.tenant = sc.tenant AND c.key = sc.key), 0);
+      IF room > 0 THEN
+        RETURN QUERY SELECT * FROM wake_scope(sc.kind, sc.handler, sc.tenant, sc.key,
+                                              least(room, $5)::integer);
+      END IF;
     END IF;
   END LOOP;
 END$function$

@@ -230,6 +230,20 @@ CREATE TABLE limit_slots (
 CREATE INDEX limit_slots_by_scope ON limit_slots (handler, kind, tenant, key, expires_at);
 CREATE INDEX limit_slots_by_expiry ON limit_slots (expires_at);
 
+-- Each concurrency scope's slots held: its rows in limit_slots, counted
+-- by whoever adds or deletes them, under the scope's lock (the claim adds,
+-- the settle's free_slots and the reconciler's lapse_slots delete), so
+-- that a claim reads one row rather than counting the scope's slots. A
+-- lapsed slot counts until the reconciler deletes it.
+CREATE TABLE limit_counts (
+    handler text     NOT NULL,
+    kind    smallint NOT NULL,
+    tenant  text     NOT NULL,
+    key     text     NOT NULL,
+    held    integer  NOT NULL CHECK (held >= 0),
+    PRIMARY KEY (handler, kind, tenant, key)
+);
+
 -- The events a full limit holds, parked (notified_at = the parked value),
 -- in the order they arrived at the full scope: the settle that frees a
 -- scope's slot wakes its oldest.

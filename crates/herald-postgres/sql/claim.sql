@@ -113,8 +113,8 @@ END$$;
 
 -- Events by id with their rules, the clock (one row with a NULL event
 -- when none is found), and, for an event that a full limit holds (parked,
--- with a row in limit_waits), the scope it waits for, the scope's live
--- slots and its limit now (NULL when the limit is gone). VOLATILE, as every
+-- with a row in limit_waits), the scope it waits for, the scope's slots
+-- held and its limit now (NULL when the limit is gone). VOLATILE, as every
 -- function here that reads events: a STABLE function reads with its
 -- caller's snapshot, which can predate a turn of the ring, and would miss
 -- the events the turn moved.
@@ -139,9 +139,9 @@ AS $$BEGIN RETURN QUERY SELECT c.now, e.id, e.tenant, e.handler, e.payload, e.st
        EXISTS (SELECT 1 FROM rules AS r WHERE r.tenant = e.tenant
                AND r.handler = e.handler AND r.kind = 'pause'),
        w.kind, w.tenant, w.key,
-       (SELECT count(*) FROM limit_slots AS t
+       (SELECT t.held::bigint FROM limit_counts AS t
         WHERE t.handler = w.handler AND t.kind = w.kind AND t.tenant = w.tenant
-          AND t.key = w.key AND t.expires_at > c.now),
+          AND t.key = w.key),
        (SELECT l.running FROM limits AS l
         WHERE l.handler = w.handler AND l.kind = w.kind
           AND (l.tenant = w.tenant OR l.tenant = '') AND (l.key = w.key OR l.key = '')
