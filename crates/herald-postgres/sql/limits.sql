@@ -71,7 +71,7 @@ AS $$DECLARE
   now_us bigint := floor(date_part('epoch', now()) * 1000000)::bigint;
   -- The claimed events' limited scopes, one row per (event, scope).
   s_id uuid[]; s_kind int2[]; s_handler text[]; s_tenant text[]; s_key text[];
-  s_token uuid[]; s_expires int8[]; s_name text[];
+  s_token uuid[]; s_expires int8[]; s_name text[]; s_booked int8[];
   -- The distinct scopes, by name: room (NULL: no concurrency limit), and
   -- the rate's interval and tolerance (NULL: no rate) and tat.
   q_name text[]; q_kind int2[]; q_handler text[]; q_tenant text[]; q_key text[];
@@ -81,6 +81,8 @@ AS $$DECLARE
   full_at integer;
   turn bigint;
   charged boolean[];
+  -- Per row of the s_ arrays: whether its event keeps its claim.
+  keep boolean[];
   kept uuid[] := '{}';
   r_id uuid[] := '{}';
   r_at int4[] := '{}';
@@ -111,8 +113,9 @@ BEGIN
   SELECT coalesce(array_agg(c), '{}') INTO got FROM c;
   SELECT array_agg(g.id), array_agg(x.kind), array_agg(g.handler), array_agg(x.tenant),
          array_agg(x.key), array_agg(g.lease_token), array_agg(g.lease_expires_at),
-         array_agg(x.kind::text || '/' || g.handler || '/' || x.tenant || '/' || x.key)
-    INTO s_id, s_kind, s_handler, s_tenant, s_key, s_token, s_expires, s_name
+         array_agg(x.kind::text || '/' || g.handler || '/' || x.tenant || '/' || x.key),
+         array_agg(g.rate_turn)
+    INTO s_id, s_kind, s_handler, s_tenant, s_key, s_token, s_expires, s_name, s_booked
     FROM unnest(got) AS g
     CROSS JOIN LATERAL (VALUES (0::int2, ''::text, ''::text), (1::int2, g.tenant, ''::text),
                                (2::int2, g.tenant, g.concurrency_key)) AS x(kind, tenant, key)
@@ -144,21 +147,27 @@ BEGIN
                              WHERE r.handler = q.handler AND r.kind = q.kind
                                AND r.tenant = q.tenant AND r.key = q.key), 0) ORDER BY q.name)
     INTO q_name, q_kind, q_handler, q_tenant, q_key, q_room, q_interval, q_tau, q_tat
+    -- OFFSET 0: each distinct scope's row is looked up once, not once per
+    -- event (the planner would pull the function below the DISTINCT).
     FROM (SELECT d.*, scope_row(d.kind, d.handler, d.tenant, d.key) AS l
             FROM (SELECT DISTINCT s.name, s.kind, s.handler, s.tenant, s.key
                     FROM unnest(s_name, s_kind, s_handler, s_tenant, s_key)
-                         AS s(name, kind, handler, tenant, key)) AS d) AS q
+                         AS s(name, kind, handler, tenant, key) OFFSET 0) AS d
+          OFFSET 0) AS q
    WHERE (q.l).handler IS NOT NULL;
   IF q_name IS NULL THEN
     RETURN QUERY SELECT * FROM unnest(got);
     RETURN;
   END IF;
   charged := array_fill(false, ARRAY[cardinality(q_name)]);
+  keep := array_fill(false, ARRAY[cardinality(s_id)]);
   FOR ev IN SELECT s.id,
                    coalesce(array_agg(array_position(q_name, s.name) ORDER BY s.kind)
                               FILTER (WHERE s.name = ANY(q_name)), '{}') AS at,
-                   (SELECT g.rate_turn FROM unnest(got) AS g WHERE g.id = s.id) AS booked
-              FROM unnest(s_id, s_name, s_kind) AS s(id, name, kind)
+                   array_agg(s.ord) AS rows,
+                   max(s.booked) AS booked
+              FROM unnest(s_id, s_name, s_kind, s_booked) WITH ORDINALITY
+                   AS s(id, name, kind, booked, ord)
              GROUP BY s.id ORDER BY s.id LOOP
     full_at := NULL;
     FOREACH i IN ARRAY ev.at LOOP
@@ -201,6 +210,9 @@ BEGIN
         charged[i] := true;
       END IF;
     END LOOP;
+    FOREACH i IN ARRAY ev.rows LOOP
+      keep[i] := true;
+    END LOOP;
     kept := kept || ev.id;
   END LOOP;
   IF cardinality(r_id) > 0 THEN
@@ -226,25 +238,25 @@ BEGIN
       FROM generate_subscripts(charged, 1) AS c(i) WHERE charged[c.i]
     ON CONFLICT (handler, kind, tenant, key) DO UPDATE SET tat = excluded.tat;
   END IF;
-  IF EXISTS (SELECT 1 FROM unnest(got) AS g WHERE g.rate_turn IS NOT NULL AND g.id = ANY(kept)) THEN
+  IF EXISTS (SELECT 1 FROM unnest(s_booked) AS b WHERE b IS NOT NULL) THEN
     UPDATE events AS e SET rate_turn = NULL
      WHERE e.id = ANY(kept) AND e.rate_turn IS NOT NULL;
   END IF;
   INSERT INTO limit_slots (token, kind, handler, tenant, key, event_id, expires_at)
   SELECT s.token, s.kind, s.handler, s.tenant, s.key, s.id, s.expires
-    FROM unnest(s_id, s_kind, s_handler, s_tenant, s_key, s_token, s_expires)
-         AS s(id, kind, handler, tenant, key, token, expires)
-   WHERE s.id = ANY(kept) AND q_room[array_position(q_name, s.kind::text || '/' || s.handler
-                                                  || '/' || s.tenant || '/' || s.key)] IS NOT NULL;
+    FROM unnest(s_id, s_kind, s_handler, s_tenant, s_key, s_token, s_expires, s_name, keep)
+         AS s(id, kind, handler, tenant, key, token, expires, name, keep)
+   WHERE s.keep AND q_room[array_position(q_name, s.name)] IS NOT NULL;
   INSERT INTO limit_counts AS c (handler, kind, tenant, key, held)
   SELECT s.handler, s.kind, s.tenant, s.key, count(*)
-    FROM unnest(s_id, s_kind, s_handler, s_tenant, s_key, s_name)
-         AS s(id, kind, handler, tenant, key, name)
-   WHERE s.id = ANY(kept) AND q_room[array_position(q_name, s.name)] IS NOT NULL
+    FROM unnest(s_id, s_kind, s_handler, s_tenant, s_key, s_name, keep)
+         AS s(id, kind, handler, tenant, key, name, keep)
+   WHERE s.keep AND q_room[array_position(q_name, s.name)] IS NOT NULL
    GROUP BY s.handler, s.kind, s.tenant, s.key
   ON CONFLICT (handler, kind, tenant, key) DO UPDATE SET held = c.held + excluded.held;
   RETURN QUERY SELECT * FROM unnest(got) AS g
-   WHERE g.id <> ALL(r_id) AND g.id <> ALL(d_id);
+   WHERE (cardinality(r_id) = 0 OR g.id <> ALL(r_id))
+     AND (cardinality(d_id) = 0 OR g.id <> ALL(d_id));
 END$$;
 
 -- Wakes up to $5 of the events parked in scope ($1 kind, $2 handler, $3
@@ -344,6 +356,10 @@ END$$;
 -- whose settle held). Wakes, in each scope that lost a slot, as many
 -- waiters as it has room for now. Returns the events woken. Costs one
 -- probe of limit_slots_pkey per token when no run of the batch held one.
+-- Its transaction commits without waiting for the WAL flush: the scope's
+-- lock and count row are held only while it runs, not through a flush,
+-- and a crash that loses the commit leaves the slots to lapse with their
+-- leases (the reconciler frees them), never a run counted twice.
 CREATE OR REPLACE FUNCTION free_slots(uuid[])
 RETURNS TABLE (tenant text, id uuid)
 LANGUAGE plpgsql VOLATILE
@@ -356,6 +372,7 @@ BEGIN
   IF NOT EXISTS (SELECT 1 FROM limit_slots AS t WHERE t.token = ANY($1)) THEN
     RETURN;
   END IF;
+  PERFORM set_config('synchronous_commit', 'off', true);
   WITH d AS (DELETE FROM limit_slots AS t WHERE t.token = ANY($1)
              RETURNING t.kind, t.handler, t.tenant, t.key)
   SELECT array_agg(d.kind), array_agg(d.handler), array_agg(d.tenant), array_agg(d.key)
