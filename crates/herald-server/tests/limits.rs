@@ -1,7 +1,9 @@
-//! Concurrency limits across processes, through the real binary: three
-//! `herald serve` workers on one PostgreSQL schema and a nats-server of the
-//! test's own, a per-key limit of 2 declared in their herald.toml, 600
-//! events over 10 keys, and one worker SIGKILLed while it runs some.
+//! Limits across processes, through the real binary: three `herald
+//! serve` workers on one PostgreSQL schema and a nats-server of the test's
+//! own, their limits declared in their herald.toml.
+//!
+//! A per-key limit of 2, 600 events over 10 keys, and one worker
+//! SIGKILLed while it runs some:
 //!
 //! Every run of the handler (a webhook served by this test) records itself
 //! in a ledger table: the event, the worker, when it started and ended.
@@ -14,6 +16,10 @@
 //! - every key whose slot the killed worker held had 2 runs at once on the
 //!   other workers again within lease + lease/3 + 1 s of the kill: its
 //!   slot lapsed with the lease and the reconciler handed it on.
+//!
+//! A rate of 20 starts a second (burst 1) on the handler, 100 events: no
+//! window of the ledger's start times holds more than the rate's bound
+//! (20 + the burst in a second), and every event ran once.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -149,9 +155,15 @@ async fn serve_ledger(ledger: Ledger) -> u16 {
     port
 }
 
-/// `herald serve` for worker `n`, with the handler's per-key limit in its
-/// configuration.
-fn worker(dir: &Path, n: usize, store: &str, schema: &str, nats: &str, ledger: u16) -> Server {
+/// `herald serve` for worker `n`, with the handler's limit (`limit`, the
+/// lines of `[handlers.ledger.limit]`) in its configuration.
+fn worker(
+    dir: &Path,
+    n: usize,
+    (store, schema, nats): (&str, &str, &str),
+    ledger: u16,
+    limit: &str,
+) -> Server {
     let config = dir.join(format!("worker{n}.toml"));
     std::fs::write(
         &config,
@@ -177,7 +189,7 @@ secret = "limits-test"
 timeout = "10s"
 
 [handlers.ledger.limit]
-per_key = {PER_KEY}
+{limit}
 "#,
             lease = LEASE.as_millis(),
         ),
@@ -273,8 +285,10 @@ async fn a_per_key_limit_holds_across_three_servers_and_a_killed_one_s_slots_com
         .unwrap();
     let ledger = Ledger::create(pool.clone(), ledger_schema.name()).await;
     let port = serve_ledger(ledger.clone()).await;
+    let nats_url = nats.url();
+    let limit = format!("per_key = {PER_KEY}");
     let mut workers: Vec<Server> = (0..WORKERS)
-        .map(|n| worker(dir.path(), n, &db, schema.name(), &nats.url(), port))
+        .map(|n| worker(dir.path(), n, (&db, schema.name(), &nats_url), port, &limit))
         .collect();
     let emit_to: Vec<String> = (0..WORKERS)
         .filter(|n| *n != VICTIM)
@@ -329,14 +343,21 @@ async fn a_per_key_limit_holds_across_three_servers_and_a_killed_one_s_slots_com
     .collect();
     let finished: std::collections::HashSet<&str> = runs
         .iter()
-        .filter(|r| r.ended_us.is_some() && r.worker as usize != VICTIM)
+        // A run of the victim that ended before the kill finished too.
+        .filter(|r| {
+            r.ended_us
+                .is_some_and(|e| r.worker as usize != VICTIM || e < killed_at)
+        })
         .map(|r| r.event_id.as_str())
         .collect();
     let missing = keys
         .keys()
         .filter(|id| !finished.contains(id.as_str()))
         .count();
-    assert_eq!(missing, 0, "every event ran to its end on a live worker");
+    assert_eq!(
+        missing, 0,
+        "every event ran to its end (on the victim before the kill, or on a live worker)"
+    );
     let lease_us = LEASE.as_micros() as i64;
     let victim_end = killed_at + lease_us / 2;
     let mut by_key: HashMap<&str, Vec<(i64, i64)>> = HashMap::new();
@@ -390,4 +411,100 @@ async fn a_per_key_limit_holds_across_three_servers_and_a_killed_one_s_slots_com
         LEASE,
         begun.elapsed()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rate_holds_across_three_servers() {
+    const TEST: &str = "a_rate_holds_across_three_servers";
+    const RATE: usize = 20;
+    const RATED: usize = 100;
+    let db = database_url();
+    if let Err(e) = reachable().await {
+        unreachable(TEST, &db, &e);
+        return;
+    }
+    let nats = match OwnServer::start().await {
+        Ok(n) => n,
+        Err(e) => {
+            herald_nats::testing::unreachable(TEST, "a nats-server of its own", &e);
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let schema = common::migrated_schema(dir.path(), &db);
+    let ledger_schema = TestSchema::adopt(TestSchema::random_name());
+    let pool = PgPoolOptions::new()
+        .max_connections(24)
+        .connect_with(connect_options())
+        .await
+        .unwrap();
+    let ledger = Ledger::create(pool.clone(), ledger_schema.name()).await;
+    let port = serve_ledger(ledger.clone()).await;
+    let nats_url = nats.url();
+    let limit = format!("rate = \"{RATE}/1s\"");
+    let mut workers: Vec<Server> = (0..WORKERS)
+        .map(|n| worker(dir.path(), n, (&db, schema.name(), &nats_url), port, &limit))
+        .collect();
+    let http = reqwest::Client::new();
+    let events: Vec<Value> = (0..RATED)
+        .map(|i| json!({"tenant": "acme", "handler": "ledger", "payload": {"n": i}}))
+        .collect();
+    let response = http
+        .post(format!("{}/v1/events/batch", workers[0].base))
+        .json(&json!({ "events": events }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    let begun = Instant::now();
+    loop {
+        let left: i64 =
+            sqlx::query_scalar(&format!("SELECT count(*) FROM {}.events", schema.name()))
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        if left == 0 {
+            break;
+        }
+        assert!(
+            begun.elapsed() < LIMIT,
+            "{left} events still stored after {LIMIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for w in workers.iter_mut() {
+        w.signal("-TERM");
+        let status = w.wait(Duration::from_secs(30));
+        assert!(status.success(), "{status}\n{}", w.stderr());
+    }
+    let mut starts: Vec<i64> =
+        sqlx::query_scalar(&format!("SELECT started_us FROM {}", ledger.table))
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    starts.sort_unstable();
+    assert_eq!(starts.len(), RATED, "every event ran once");
+    // The GCRA's bound: in any window of a period, at most starts + burst
+    // begin. The ledger sees a start when the webhook's request arrives,
+    // some milliseconds after the claim: the window is a period less 100 ms.
+    let window_us = 900_000;
+    let most = (0..starts.len())
+        .map(|i| {
+            starts[i..]
+                .iter()
+                .take_while(|&&t| t < starts[i] + window_us)
+                .count()
+        })
+        .max()
+        .unwrap_or(0);
+    assert!(
+        most <= RATE + 1,
+        "{most} starts within 0.9 s (rate {RATE}/s, burst 1)"
+    );
+    let span = (starts[RATED - 1] - starts[0]) as f64 / 1e6;
+    assert!(
+        span >= (RATED - 1) as f64 / RATE as f64 * 0.9,
+        "{RATED} starts spread over {span:.2} s at {RATE}/s"
+    );
+    eprintln!("{RATED} starts over {span:.2} s at {RATE}/s; at most {most} within 0.9 s");
 }
