@@ -87,6 +87,7 @@ async fn fill(store: &dyn Store, args: &Args) {
     for i in 0..args.events {
         let (tenant, handler) = &pairs[i % pairs.len()];
         batch.push(NewEvent {
+            singleton: None,
             concurrency_key: None,
             id: EventId::new(),
             tenant: tenant.clone(),

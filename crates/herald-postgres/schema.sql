@@ -25,6 +25,7 @@ CREATE TABLE events (
     id_key uuid GENERATED ALWAYS AS (id) STORED,
     topic text,
     concurrency_key text,
+    singleton_key text,
     rate_turn bigint
 ) PARTITION BY LIST (leaf);
 CREATE TABLE events_1 (
@@ -49,6 +50,7 @@ CREATE TABLE events_1 (
     id_key uuid GENERATED ALWAYS AS (id) STORED,
     topic text,
     concurrency_key text,
+    singleton_key text,
     rate_turn bigint
 ) PARTITION OF events FOR VALUES IN ('1') WITH (fillfactor=45, autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=10000, autovacuum_vacuum_insert_scale_factor=0, autovacuum_vacuum_insert_threshold=10000, autovacuum_analyze_scale_factor=0, autovacuum_analyze_threshold=50000, autovacuum_vacuum_cost_delay=0, autovacuum_vacuum_cost_limit=10000);
 CREATE TABLE events_2 (
@@ -73,6 +75,7 @@ CREATE TABLE events_2 (
     id_key uuid GENERATED ALWAYS AS (id) STORED,
     topic text,
     concurrency_key text,
+    singleton_key text,
     rate_turn bigint
 ) PARTITION OF events FOR VALUES IN ('2') WITH (fillfactor=45, autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=10000, autovacuum_vacuum_insert_scale_factor=0, autovacuum_vacuum_insert_threshold=10000, autovacuum_analyze_scale_factor=0, autovacuum_analyze_threshold=50000, autovacuum_vacuum_cost_delay=0, autovacuum_vacuum_cost_limit=10000);
 CREATE TABLE events_3 (
@@ -97,6 +100,7 @@ CREATE TABLE events_3 (
     id_key uuid GENERATED ALWAYS AS (id) STORED,
     topic text,
     concurrency_key text,
+    singleton_key text,
     rate_turn bigint
 ) PARTITION OF events FOR VALUES IN ('3') WITH (fillfactor=45, autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=10000, autovacuum_vacuum_insert_scale_factor=0, autovacuum_vacuum_insert_threshold=10000, autovacuum_analyze_scale_factor=0, autovacuum_analyze_threshold=50000, autovacuum_vacuum_cost_delay=0, autovacuum_vacuum_cost_limit=10000);
 CREATE TABLE events_cold (
@@ -121,6 +125,7 @@ CREATE TABLE events_cold (
     id_key uuid GENERATED ALWAYS AS (id) STORED,
     topic text,
     concurrency_key text,
+    singleton_key text,
     rate_turn bigint
 ) PARTITION OF events FOR VALUES IN ('0') WITH (fillfactor=45, autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=10000, autovacuum_vacuum_insert_scale_factor=0, autovacuum_vacuum_insert_threshold=10000, autovacuum_analyze_scale_factor=0, autovacuum_analyze_threshold=50000, autovacuum_vacuum_cost_delay=0, autovacuum_vacuum_cost_limit=10000);
 CREATE TABLE idempotency_keys (
@@ -297,18 +302,21 @@ CREATE UNIQUE INDEX events_1_pkey ON herald.events_1 USING btree (id, leaf);
 CREATE INDEX events_1_state_finished_at_idx ON herald.events_1 USING btree (state, finished_at) WHERE (finished_at IS NOT NULL);
 CREATE INDEX events_1_tenant_handler_id_key_idx ON herald.events_1 USING btree (tenant, handler, id_key) WHERE ((state = 0) AND (notified_at = '9223372036854775807'::bigint));
 CREATE UNIQUE INDEX events_1_tenant_handler_idempotency_key_leaf_idx ON herald.events_1 USING btree (tenant, handler, idempotency_key, leaf) WHERE ((idempotency_key IS NOT NULL) AND (state = 0));
+CREATE INDEX events_1_tenant_handler_singleton_key_id_key_idx ON herald.events_1 USING btree (tenant, handler, singleton_key, id_key) WHERE ((singleton_key IS NOT NULL) AND (state = 0));
 CREATE INDEX events_1_tenant_handler_state_id_key_idx ON herald.events_1 USING btree (tenant, handler, state, id_key);
 CREATE INDEX events_2_notified_at_id_key_idx ON herald.events_2 USING btree (notified_at, id_key) WHERE ((state = 0) AND (notified_at < '9223372036854775807'::bigint));
 CREATE UNIQUE INDEX events_2_pkey ON herald.events_2 USING btree (id, leaf);
 CREATE INDEX events_2_state_finished_at_idx ON herald.events_2 USING btree (state, finished_at) WHERE (finished_at IS NOT NULL);
 CREATE INDEX events_2_tenant_handler_id_key_idx ON herald.events_2 USING btree (tenant, handler, id_key) WHERE ((state = 0) AND (notified_at = '9223372036854775807'::bigint));
 CREATE UNIQUE INDEX events_2_tenant_handler_idempotency_key_leaf_idx ON herald.events_2 USING btree (tenant, handler, idempotency_key, leaf) WHERE ((idempotency_key IS NOT NULL) AND (state = 0));
+CREATE INDEX events_2_tenant_handler_singleton_key_id_key_idx ON herald.events_2 USING btree (tenant, handler, singleton_key, id_key) WHERE ((singleton_key IS NOT NULL) AND (state = 0));
 CREATE INDEX events_2_tenant_handler_state_id_key_idx ON herald.events_2 USING btree (tenant, handler, state, id_key);
 CREATE INDEX events_3_notified_at_id_key_idx ON herald.events_3 USING btree (notified_at, id_key) WHERE ((state = 0) AND (notified_at < '9223372036854775807'::bigint));
 CREATE UNIQUE INDEX events_3_pkey ON herald.events_3 USING btree (id, leaf);
 CREATE INDEX events_3_state_finished_at_idx ON herald.events_3 USING btree (state, finished_at) WHERE (finished_at IS NOT NULL);
 CREATE INDEX events_3_tenant_handler_id_key_idx ON herald.events_3 USING btree (tenant, handler, id_key) WHERE ((state = 0) AND (notified_at = '9223372036854775807'::bigint));
 CREATE UNIQUE INDEX events_3_tenant_handler_idempotency_key_leaf_idx ON herald.events_3 USING btree (tenant, handler, idempotency_key, leaf) WHERE ((idempotency_key IS NOT NULL) AND (state = 0));
+CREATE INDEX events_3_tenant_handler_singleton_key_id_key_idx ON herald.events_3 USING btree (tenant, handler, singleton_key, id_key) WHERE ((singleton_key IS NOT NULL) AND (state = 0));
 CREATE INDEX events_3_tenant_handler_state_id_key_idx ON herald.events_3 USING btree (tenant, handler, state, id_key);
 CREATE INDEX events_by_handler ON ONLY herald.events USING btree (tenant, handler, state, id_key);
 CREATE INDEX events_cold_notified_at_id_key_idx ON herald.events_cold USING btree (notified_at, id_key) WHERE ((state = 0) AND (notified_at < '9223372036854775807'::bigint));
@@ -316,11 +324,13 @@ CREATE UNIQUE INDEX events_cold_pkey ON herald.events_cold USING btree (id, leaf
 CREATE INDEX events_cold_state_finished_at_idx ON herald.events_cold USING btree (state, finished_at) WHERE (finished_at IS NOT NULL);
 CREATE INDEX events_cold_tenant_handler_id_key_idx ON herald.events_cold USING btree (tenant, handler, id_key) WHERE ((state = 0) AND (notified_at = '9223372036854775807'::bigint));
 CREATE UNIQUE INDEX events_cold_tenant_handler_idempotency_key_leaf_idx ON herald.events_cold USING btree (tenant, handler, idempotency_key, leaf) WHERE ((idempotency_key IS NOT NULL) AND (state = 0));
+CREATE INDEX events_cold_tenant_handler_singleton_key_id_key_idx ON herald.events_cold USING btree (tenant, handler, singleton_key, id_key) WHERE ((singleton_key IS NOT NULL) AND (state = 0));
 CREATE INDEX events_cold_tenant_handler_state_id_key_idx ON herald.events_cold USING btree (tenant, handler, state, id_key);
 CREATE INDEX events_finished ON ONLY herald.events USING btree (state, finished_at) WHERE (finished_at IS NOT NULL);
 CREATE UNIQUE INDEX events_live_key ON ONLY herald.events USING btree (tenant, handler, idempotency_key, leaf) WHERE ((idempotency_key IS NOT NULL) AND (state = 0));
 CREATE INDEX events_parked ON ONLY herald.events USING btree (tenant, handler, id_key) WHERE ((state = 0) AND (notified_at = '9223372036854775807'::bigint));
 CREATE UNIQUE INDEX events_pkey ON ONLY herald.events USING btree (id, leaf);
+CREATE INDEX events_singleton ON ONLY herald.events USING btree (tenant, handler, singleton_key, id_key) WHERE ((singleton_key IS NOT NULL) AND (state = 0));
 CREATE INDEX events_to_notify ON ONLY herald.events USING btree (notified_at, id_key) WHERE ((state = 0) AND (notified_at < '9223372036854775807'::bigint));
 CREATE INDEX idempotency_keys_by_age ON herald.idempotency_keys USING btree (stored_at);
 CREATE UNIQUE INDEX idempotency_keys_pkey ON herald.idempotency_keys USING btree (tenant, handler, key);
@@ -605,7 +615,7 @@ BEGIN
      AND (cardinality(d_id) = 0 OR g.id <> ALL(d_id));
 END$function$
 ;
-CREATE OR REPLACE FUNCTION herald.emit(uuid[], text[], text[], text[], bigint[], integer[], text[], text[], bigint[], text[])
+CREATE OR REPLACE FUNCTION herald.emit(uuid[], text[], text[], text[], bigint[], integer[], text[], text[], bigint[], text[], text[])
  RETURNS SETOF uuid
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
@@ -617,17 +627,17 @@ CREATE OR REPLACE FUNCTION herald.emit(uuid[], text[], text[], text[], bigint[],
  SET search_path TO 'herald', 'pg_catalog'
 AS $function$BEGIN RETURN QUERY INSERT INTO events AS e
        (id, tenant, handler, payload, run_at, max_attempts, notified_at, idempotency_key,
-        created_at, updated_at, leaf, topic, concurrency_key)
+        created_at, updated_at, leaf, topic, concurrency_key, singleton_key)
      SELECT u.id, u.tenant, u.handler, u.payload, t.run_at, u.max_attempts,
             least(t.run_at, 9223372036854775806), u.key, c.now, c.now,
             CASE WHEN t.run_at > c.now + 10000
                       OR EXISTS (SELECT 1 FROM rules AS r
                                  WHERE r.tenant = u.tenant AND r.handler = u.handler)
                  THEN 0 ELSE c.leaf END,
-            u.topic, u.concurrency_key
-     FROM unnest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+            u.topic, u.concurrency_key, u.singleton_key
+     FROM unnest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
             AS u(id, tenant, handler, payload, at, max_attempts, key, topic, after_ms,
-                 concurrency_key),
+                 concurrency_key, singleton_key),
           (SELECT floor(date_part('epoch', now()) * 1000)::bigint AS now,
                   coalesce((SELECT r.leaf FROM ring AS r WHERE r.phase = 'filling'), 0) AS leaf)
             AS c,
@@ -848,10 +858,10 @@ AS $function$#variable_conflict use_column
 DECLARE n_moved bigint; n_left bigint; leaf_table text := 'events_' || $1;
   columns text := 'id, run_at, notified_at, lease_expires_at, created_at, updated_at, '
     'finished_at, attempt, max_attempts, state, leaf, lease_token, tenant, handler, '
-    'idempotency_key, last_error, payload, errors, topic, concurrency_key, rate_turn';
+    'idempotency_key, last_error, payload, errors, topic, concurrency_key, rate_turn, singleton_key';
   copied text := 'id, run_at, notified_at, lease_expires_at, created_at, updated_at, '
     'finished_at, attempt, max_attempts, state, 0, lease_token, tenant, handler, '
-    'idempotency_key, last_error, payload, errors, topic, concurrency_key, rate_turn';
+    'idempotency_key, last_error, payload, errors, topic, concurrency_key, rate_turn, singleton_key';
 BEGIN
   PERFORM 1 FROM ring AS r WHERE r.leaf = $1 AND r.phase = 'draining' FOR UPDATE;
   IF NOT FOUND THEN

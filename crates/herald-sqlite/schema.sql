@@ -22,6 +22,7 @@ CREATE TABLE events (
     errors           TEXT,
     topic            TEXT,
     concurrency_key  TEXT,
+    singleton_key    TEXT,
     rate_turn        INTEGER
 ) STRICT;
 
@@ -35,6 +36,9 @@ CREATE INDEX events_finished ON events (state, finished_at)
 
 CREATE UNIQUE INDEX events_live_key ON events (tenant, handler, idempotency_key)
     WHERE idempotency_key IS NOT NULL AND state = 0;
+
+CREATE INDEX events_singleton ON events (tenant, handler, singleton_key, id)
+    WHERE singleton_key IS NOT NULL AND state = 0;
 
 CREATE INDEX events_to_notify ON events (notified_at) WHERE state = 0;
 -- index sqlite_autoindex_events_1 on events (automatic)

@@ -192,6 +192,7 @@ async fn store_backlog(bench: &Bench, args: &Args) -> Result<(), BenchError> {
         let n = CHUNK.min(args.backlog - start);
         let batch: Vec<NewEvent> = (start..start + n)
             .map(|i| NewEvent {
+                singleton: None,
                 concurrency_key: None,
                 id: EventId::new(),
                 tenant: tenant(i),

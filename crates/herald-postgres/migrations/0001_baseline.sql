@@ -71,6 +71,9 @@ CREATE TABLE events (
     topic            text,
     -- The concurrency key it was emitted with (limits.sql): NULL for none.
     concurrency_key  text,
+    -- Its singleton key (emit.rs): at most one waiting event per
+    -- (tenant, handler, singleton_key). NULL for none.
+    singleton_key    text,
     -- The turn a rate limit booked for it (ms, the database's clock), when
     -- a claim found it over the rate and moved its run_at there; the claim
     -- at that turn starts it without charging the rate again.
@@ -151,6 +154,12 @@ CREATE INDEX events_by_handler ON events (tenant, handler, state, id_key);
 -- One live (pending) event per idempotency key.
 CREATE UNIQUE INDEX events_live_key ON events (tenant, handler, idempotency_key, leaf)
     WHERE idempotency_key IS NOT NULL AND state = 0;
+
+-- A singleton key's pending events, for the emit that keeps or replaces
+-- the waiting one (running ones are told apart by their lease, which no
+-- index may hold).
+CREATE INDEX events_singleton ON events (tenant, handler, singleton_key, id_key)
+    WHERE singleton_key IS NOT NULL AND state = 0;
 
 -- The sweep: pending events by notified_at, with id_key as the keyset
 -- tie-breaker. Parked events are left out, so a million paused events cost

@@ -5,10 +5,11 @@
 -- $4 payloads, $5 run_at by the database's clock (a schedule's
 -- occurrence) or NULL, $6 max attempts, $7 idempotency keys, $8 topics,
 -- $9 delays in ms, added to now() here (so no process's clock moves a
--- due time), $10 concurrency keys. Events that will not run within the ring's turn go to
--- events_cold, so that a leaf drains by itself: those due more than 10 s
--- from now, and those of a paused or blocked handler (and all of them if
--- no leaf fills). Returns the ids inserted.
+-- due time), $10 concurrency keys, $11 singleton keys. Events that will
+-- not run within the ring's turn go to events_cold, so that a leaf drains
+-- by itself: those due more than 10 s from now, and those of a paused or
+-- blocked handler (and all of them if no leaf fills). Returns the ids
+-- inserted.
 --
 -- An id stored in any leaf, or a key held by a live event in any leaf,
 -- inserts nothing (the caller looks the holder up); the probes are per
@@ -22,7 +23,7 @@
 -- keeps a node the settings disable (the scan of the three-row ring)
 -- carries its cost of 10^10, far above jit_above_cost, and compiling takes
 -- hundreds of milliseconds; batches of a few hundred rows never gain.
-CREATE OR REPLACE FUNCTION emit(uuid[], text[], text[], text[], int8[], int4[], text[], text[], int8[], text[])
+CREATE OR REPLACE FUNCTION emit(uuid[], text[], text[], text[], int8[], int4[], text[], text[], int8[], text[], text[])
 RETURNS SETOF uuid
 LANGUAGE plpgsql VOLATILE
 SET enable_seqscan = off SET enable_bitmapscan = off
@@ -32,17 +33,17 @@ SET plan_cache_mode = force_generic_plan
 SET search_path FROM CURRENT
 AS $$BEGIN RETURN QUERY INSERT INTO events AS e
        (id, tenant, handler, payload, run_at, max_attempts, notified_at, idempotency_key,
-        created_at, updated_at, leaf, topic, concurrency_key)
+        created_at, updated_at, leaf, topic, concurrency_key, singleton_key)
      SELECT u.id, u.tenant, u.handler, u.payload, t.run_at, u.max_attempts,
             least(t.run_at, 9223372036854775806), u.key, c.now, c.now,
             CASE WHEN t.run_at > c.now + 10000
                       OR EXISTS (SELECT 1 FROM rules AS r
                                  WHERE r.tenant = u.tenant AND r.handler = u.handler)
                  THEN 0 ELSE c.leaf END,
-            u.topic, u.concurrency_key
-     FROM unnest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+            u.topic, u.concurrency_key, u.singleton_key
+     FROM unnest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
             AS u(id, tenant, handler, payload, at, max_attempts, key, topic, after_ms,
-                 concurrency_key),
+                 concurrency_key, singleton_key),
           (SELECT floor(date_part('epoch', now()) * 1000)::bigint AS now,
                   coalesce((SELECT r.leaf FROM ring AS r WHERE r.phase = 'filling'), 0) AS leaf)
             AS c,

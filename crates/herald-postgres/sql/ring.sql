@@ -54,10 +54,10 @@ AS $$#variable_conflict use_column
 DECLARE n_moved bigint; n_left bigint; leaf_table text := 'events_' || $1;
   columns text := 'id, run_at, notified_at, lease_expires_at, created_at, updated_at, '
     'finished_at, attempt, max_attempts, state, leaf, lease_token, tenant, handler, '
-    'idempotency_key, last_error, payload, errors, topic, concurrency_key, rate_turn';
+    'idempotency_key, last_error, payload, errors, topic, concurrency_key, rate_turn, singleton_key';
   copied text := 'id, run_at, notified_at, lease_expires_at, created_at, updated_at, '
     'finished_at, attempt, max_attempts, state, 0, lease_token, tenant, handler, '
-    'idempotency_key, last_error, payload, errors, topic, concurrency_key, rate_turn';
+    'idempotency_key, last_error, payload, errors, topic, concurrency_key, rate_turn, singleton_key';
 BEGIN
   PERFORM 1 FROM ring AS r WHERE r.leaf = $1 AND r.phase = 'draining' FOR UPDATE;
   IF NOT FOUND THEN

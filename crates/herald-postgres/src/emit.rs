@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use herald::backend::StoreResult;
 use herald::escape::escaped;
-use herald::{Emitted, EventId, NewEvent, RunAt, StoreError};
+use herald::{Emitted, EventId, Keep, NewEvent, RunAt, StoreError};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
@@ -55,6 +55,23 @@ fn run_at(e: &NewEvent) -> (Option<i64>, Option<i64>) {
         RunAt::After(d) => (None, Some(d.as_millis().min(i64::MAX as u128) as i64)),
     }
 }
+
+/// Takes a singleton key's lock for the transaction: `$1` tenant, `$2`
+/// handler, `$3` key.
+const SINGLETON_LOCK: &str = "SELECT pg_advisory_xact_lock(1751478882, \
+     hashtext($1 || '/' || $2 || '/' || $3))";
+
+/// The oldest waiting event of a singleton key: pending, not under a live
+/// lease (by the database's clock).
+const SINGLETON_WAITING: &str = "SELECT e.id FROM {s}.events AS e \
+     WHERE e.tenant = $1 AND e.handler = $2 AND e.singleton_key = $3 AND e.state = 0 \
+       AND (e.lease_expires_at IS NULL OR e.lease_expires_at <= {now}) \
+     ORDER BY e.id_key LIMIT 1";
+
+/// Deletes a singleton key's waiting events.
+const SINGLETON_REPLACE: &str = "DELETE FROM {s}.events AS e \
+     WHERE e.tenant = $1 AND e.handler = $2 AND e.singleton_key = $3 AND e.state = 0 \
+       AND (e.lease_expires_at IS NULL OR e.lease_expires_at <= {now})";
 
 impl PgStore {
     /// Inserts a batch on one connection: one statement, plus look-ups for
@@ -142,6 +159,12 @@ impl PgStore {
                     batch
                         .iter()
                         .map(|e| e.concurrency_key.as_deref())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    batch
+                        .iter()
+                        .map(|e| e.singleton.as_ref().map(|s| s.key.as_str()))
                         .collect::<Vec<_>>(),
                 )
                 .fetch_all(&mut *conn)
@@ -264,6 +287,12 @@ impl PgStore {
     /// otherwise a transaction (the look-ups follow the insert, and a
     /// failure must store nothing).
     pub(crate) async fn emit_once(&self, events: &[NewEvent]) -> DbResult<Vec<Emitted>> {
+        if events.iter().any(|e| e.singleton.is_some()) {
+            let mut tx = self.pool.begin().await.ctx("emit")?;
+            let out = self.emit_singletons(&mut tx, events).await?;
+            tx.commit().await.ctx("emit")?;
+            return Ok(out);
+        }
         if events.iter().all(|e| e.idempotency_key.is_none()) {
             let mut conn = self.pool.acquire().await.ctx("emit")?;
             return self.emit_on(&mut conn, events).await;
@@ -272,6 +301,70 @@ impl PgStore {
         let out = self.emit_on(&mut tx, events).await?;
         tx.commit().await.ctx("emit")?;
         Ok(out)
+    }
+
+    /// A batch with singleton keys, in one transaction: the others in one
+    /// insert, then each singleton event in order, under its key's
+    /// transaction-scoped advisory lock, so that two emits of one key take
+    /// turns: [`Keep::Oldest`] finds a waiting event of its key (pending,
+    /// not under a live lease) and stores nothing, or inserts;
+    /// [`Keep::Newest`] deletes the waiting ones, then inserts.
+    async fn emit_singletons(
+        &self,
+        tx: &mut PgConnection,
+        events: &[NewEvent],
+    ) -> DbResult<Vec<Emitted>> {
+        const OP: &str = "emit";
+        let (singles, rest): (Vec<usize>, Vec<usize>) =
+            (0..events.len()).partition(|&i| events[i].singleton.is_some());
+        let mut out: Vec<Option<Emitted>> = vec![None; events.len()];
+        if !rest.is_empty() {
+            let batch: Vec<NewEvent> = rest.iter().map(|&i| events[i].clone()).collect();
+            for (&i, e) in rest.iter().zip(self.emit_on(tx, &batch).await?) {
+                out[i] = Some(e);
+            }
+        }
+        for i in singles {
+            let e = &events[i];
+            let Some(single) = &e.singleton else { continue };
+            sqlx::query(&self.sql.fill(SINGLETON_LOCK))
+                .bind(&e.tenant)
+                .bind(&e.handler)
+                .bind(&single.key)
+                .execute(&mut *tx)
+                .await
+                .ctx(OP)?;
+            if single.keep == Keep::Oldest {
+                let waiting: Option<Uuid> = sqlx::query_scalar(&self.sql.fill(SINGLETON_WAITING))
+                    .bind(&e.tenant)
+                    .bind(&e.handler)
+                    .bind(&single.key)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .ctx(OP)?;
+                if let Some(id) = waiting {
+                    out[i] = Some(Emitted::Existing(EventId(id)));
+                    continue;
+                }
+            } else {
+                sqlx::query(&self.sql.fill(SINGLETON_REPLACE))
+                    .bind(&e.tenant)
+                    .bind(&e.handler)
+                    .bind(&single.key)
+                    .execute(&mut *tx)
+                    .await
+                    .ctx(OP)?;
+            }
+            let one = self.emit_on(tx, std::slice::from_ref(e)).await?;
+            out[i] = one.into_iter().next();
+        }
+        out.into_iter()
+            .map(|o| {
+                o.ok_or_else(|| {
+                    StoreError::backend(OP, "an event of the batch got no result").into()
+                })
+            })
+            .collect()
     }
 
     /// [`herald::backend::EventStore::emit`]: tries again on a transient failure (as [`crate::retry::retry`])
@@ -320,6 +413,7 @@ mod tests {
     #[test]
     fn after_a_retry_an_event_found_under_its_own_id_counts_as_created() {
         let e = |key: Option<&str>| NewEvent {
+            singleton: None,
             concurrency_key: None,
             id: EventId::new(),
             tenant: "t".into(),

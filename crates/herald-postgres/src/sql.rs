@@ -155,11 +155,11 @@ const RENEW: &str = "SELECT * FROM {s}.renew($1, $2, $3, $4)";
 /// stored in any leaf, or a live event with the same idempotency key)
 /// insert nothing. Each event's `run_at` is `$5` (absolute, by the
 /// database's clock) or, where that is NULL, the database's now plus `$9`
-/// ms; `$10` the concurrency keys. `notified_at` is `run_at` (the caller publishes with that delay),
+/// ms; `$10` the concurrency keys, `$11` the singleton keys. `notified_at` is `run_at` (the caller publishes with that delay),
 /// kept below the parked mark. `sql/emit.sql` says how an id stays unique
 /// across the leaves.
 const EMIT: &str = "SELECT * FROM {s}.emit($1::uuid[], $2::text[], $3::text[], $4::text[], \
-     $5::int8[], $6::int4[], $7::text[], $8::text[], $9::int8[], $10::text[])";
+     $5::int8[], $6::int4[], $7::text[], $8::text[], $9::int8[], $10::text[], $11::text[])";
 
 /// [`EMIT`] for a batch with idempotency keys: the same insert, and in the
 /// same statement a key row for each keyed event it created, naming it
@@ -167,7 +167,7 @@ const EMIT: &str = "SELECT * FROM {s}.emit($1::uuid[], $2::text[], $3::text[], $
 /// raced past the look-up below: the first one's row stays).
 const EMIT_KEYED: &str = "WITH ins AS (SELECT * FROM {s}.emit($1::uuid[], $2::text[], \
      $3::text[], $4::text[], $5::int8[], $6::int4[], $7::text[], $8::text[], \
-     $9::int8[], $10::text[]) AS i(id)), \
+     $9::int8[], $10::text[], $11::text[]) AS i(id)), \
      keys AS (INSERT INTO {s}.idempotency_keys (tenant, handler, key, event_id, stored_at) \
      SELECT u.tenant, u.handler, u.key, u.id, {now} \
      FROM unnest($1::uuid[], $2::text[], $3::text[], $7::text[]) AS u(id, tenant, handler, key) \

@@ -382,6 +382,7 @@ impl Drop for Reaper {
 /// Stores one due event of the `slow` handler, without notifying it.
 async fn emit_slow(store: &PgStore) -> NewEvent {
     let e = NewEvent {
+        singleton: None,
         concurrency_key: None,
         id: EventId::new(),
         tenant: "acme".into(),

@@ -14,6 +14,7 @@ const EMITS: usize = 10_000;
 
 fn event(key: Option<String>) -> NewEvent {
     NewEvent {
+        singleton: None,
         concurrency_key: None,
         id: EventId::new(),
         tenant: "acme".into(),

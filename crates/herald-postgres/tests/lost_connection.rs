@@ -28,6 +28,7 @@ fn batch(key_every: Option<usize>) -> Vec<NewEvent> {
     let now = Millis::now();
     (0..BATCH)
         .map(|i| NewEvent {
+            singleton: None,
             concurrency_key: None,
             id: EventId::new(),
             tenant: "acme".into(),

@@ -15,6 +15,7 @@ use sqlx::{Connection, Executor, PgConnection};
 
 fn event(handler: &str, run_in: Duration) -> NewEvent {
     NewEvent {
+        singleton: None,
         // Every column survives a move to events_cold.
         concurrency_key: Some("k".into()),
         id: EventId::new(),

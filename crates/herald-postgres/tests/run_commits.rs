@@ -20,6 +20,7 @@ use sqlx::postgres::PgPoolOptions;
 
 fn event() -> NewEvent {
     NewEvent {
+        singleton: None,
         concurrency_key: None,
         id: EventId::new(),
         tenant: "acme".into(),

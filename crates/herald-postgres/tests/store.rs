@@ -61,6 +61,7 @@ async fn sweep(store: &PgStore, quiet: Duration, limit: usize) -> Vec<Scheduled>
 
 fn new_event(tenant: &str, handler: &str) -> NewEvent {
     NewEvent {
+        singleton: None,
         concurrency_key: None,
         id: EventId::new(),
         tenant: tenant.into(),

@@ -36,6 +36,7 @@ async fn main() {
     for _ in 0..EVENTS / EMIT_BATCH {
         let batch: Vec<NewEvent> = (0..EMIT_BATCH)
             .map(|i| NewEvent {
+                singleton: None,
                 concurrency_key: None,
                 id: EventId::new(),
                 tenant: format!("tenant-{}", i % 10),

@@ -57,6 +57,9 @@ CREATE TABLE events (
     topic            TEXT,
     -- The concurrency key it was emitted with (limits.rs); NULL for none.
     concurrency_key  TEXT,
+    -- Its singleton key (emit.rs): at most one waiting event per
+    -- (tenant, handler, singleton_key). NULL for none.
+    singleton_key    TEXT,
     -- The turn a rate limit booked for it (limits.rs), when a claim found
     -- it over the rate and moved its run_at there.
     rate_turn        INTEGER
@@ -73,6 +76,11 @@ CREATE INDEX events_by_handler ON events (tenant, handler, state, id);
 -- One live (pending) event per idempotency key.
 CREATE UNIQUE INDEX events_live_key ON events (tenant, handler, idempotency_key)
     WHERE idempotency_key IS NOT NULL AND state = 0;
+
+-- A singleton key's pending events, for the emit that keeps or replaces
+-- the waiting one.
+CREATE INDEX events_singleton ON events (tenant, handler, singleton_key, id)
+    WHERE singleton_key IS NOT NULL AND state = 0;
 
 -- The sweep's "not notified for a while": pending events by notified_at.
 CREATE INDEX events_to_notify ON events (notified_at) WHERE state = 0;

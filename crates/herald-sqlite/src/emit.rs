@@ -3,7 +3,7 @@
 //! the key names it after it finished too (ADR 0013).
 
 use herald::backend::StoreResult;
-use herald::{Emitted, Millis, NewEvent};
+use herald::{Emitted, Keep, Millis, NewEvent};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::rows::{blob, event_id, sql_limit, Ctx};
@@ -24,6 +24,17 @@ pub(crate) const STORE_KEY_SQL: &str = "INSERT INTO idempotency_keys \
      ON CONFLICT (tenant, handler, key) DO UPDATE SET event_id = excluded.event_id, \
      stored_at = excluded.stored_at";
 
+/// The oldest waiting event of a singleton key (pending, not under a live
+/// lease): `?1` tenant, `?2` handler, `?3` key, `?4` now.
+const SINGLETON_WAITING_SQL: &str = "SELECT id FROM events \
+     WHERE tenant = ?1 AND handler = ?2 AND singleton_key = ?3 AND state = 0 \
+       AND (lease_expires_at IS NULL OR lease_expires_at <= ?4) ORDER BY id LIMIT 1";
+
+/// Deletes a singleton key's waiting events: as [`SINGLETON_WAITING_SQL`].
+const SINGLETON_REPLACE_SQL: &str = "DELETE FROM events \
+     WHERE tenant = ?1 AND handler = ?2 AND singleton_key = ?3 AND state = 0 \
+       AND (lease_expires_at IS NULL OR lease_expires_at <= ?4)";
+
 /// [`herald::backend::EventStore::emit`]: each event created, or the one that already
 /// holds its id or its idempotency key (a stored key, or a live event that
 /// has none: emitted before keys were stored, or revived). A delay is
@@ -41,13 +52,31 @@ pub(crate) fn emit(
         .prepare_cached(
             "INSERT INTO events (id, tenant, handler, payload, state, run_at, attempt, \
                        max_attempts, notified_at, idempotency_key, created_at, updated_at, topic, \
-                       concurrency_key) \
-                     VALUES (?1, ?2, ?3, ?4, 0, ?5, 0, ?6, ?5, ?7, ?8, ?8, ?9, ?10) \
+                       concurrency_key, singleton_key) \
+                     VALUES (?1, ?2, ?3, ?4, 0, ?5, 0, ?6, ?5, ?7, ?8, ?8, ?9, ?10, ?11) \
                      ON CONFLICT (id) DO NOTHING",
         )
         .ctx(OP)?;
+    let mut waiting = conn.prepare_cached(SINGLETON_WAITING_SQL).ctx(OP)?;
+    let mut replace = conn.prepare_cached(SINGLETON_REPLACE_SQL).ctx(OP)?;
     let mut out = Vec::with_capacity(events.len());
     for e in events {
+        // One writer: the look-up and the write are one step.
+        if let Some(single) = &e.singleton {
+            let args = params![e.tenant, e.handler, single.key, now.0];
+            if single.keep == Keep::Oldest {
+                let found = waiting
+                    .query_row(args, |r| event_id(r, 0))
+                    .optional()
+                    .ctx(OP)?;
+                if let Some(id) = found {
+                    out.push(Emitted::Existing(id));
+                    continue;
+                }
+            } else {
+                replace.execute(args).ctx(OP)?;
+            }
+        }
         if let Some(key) = &e.idempotency_key {
             let named = stored_key
                 .query_row(params![e.tenant, e.handler, key], |r| event_id(r, 0))
@@ -81,6 +110,7 @@ pub(crate) fn emit(
                 now.0,
                 e.topic,
                 e.concurrency_key,
+                e.singleton.as_ref().map(|s| s.key.as_str()),
             ])
             .ctx(OP)?;
         if let (1, Some(key)) = (n, &e.idempotency_key) {

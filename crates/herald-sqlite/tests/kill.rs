@@ -89,6 +89,7 @@ async fn wait_for_start(db: &Path, n: usize) -> String {
 
 async fn emit(store: &SqliteStore, max_attempts: u32) -> EventId {
     let e = NewEvent {
+        singleton: None,
         concurrency_key: None,
         id: EventId::new(),
         tenant: "acme".into(),

@@ -47,6 +47,7 @@ async fn sweep(
 
 fn new_event(tenant: &str, handler: &str) -> NewEvent {
     NewEvent {
+        singleton: None,
         concurrency_key: None,
         id: EventId::new(),
         tenant: tenant.into(),

@@ -18,8 +18,8 @@ pub use crate::group_commit::{
 use crate::handler::Job;
 use crate::limit::{Limit, LimitKind, LimitScope, StoredLimit};
 use crate::model::{
-    AttemptError, Emitted, Event, EventId, Millis, NewEvent, Rule, RuleKind, RuleMatch, RunAt,
-    Subscription,
+    AttemptError, Emitted, Event, EventId, Keep, Millis, NewEvent, Rule, RuleKind, RuleMatch,
+    RunAt, Singleton, Subscription,
 };
 use crate::publisher::{created, Publisher};
 pub use crate::publisher::{DEFAULT_NOTIFY_LINGER, DEFAULT_NOTIFY_PUBLISHES, DEFAULT_NOTIFY_WAIT};
@@ -132,6 +132,9 @@ pub struct EmitOptions {
     /// at once per key ([`crate::limit`]). Without a limit per key it is
     /// stored and shown, and limits nothing.
     pub concurrency_key: Option<String>,
+    /// At most one waiting event of this key (within the tenant and
+    /// handler): keep the one waiting, or replace it ([`Singleton`]).
+    pub singleton: Option<Singleton>,
 }
 
 impl EmitOptions {
@@ -173,6 +176,16 @@ impl EmitOptions {
     /// key.
     pub fn concurrency_key(mut self, key: impl Into<String>) -> Self {
         self.concurrency_key = Some(key.into());
+        self
+    }
+
+    /// One waiting event of this key: keep the one waiting
+    /// ([`Keep::Oldest`]) or replace it ([`Keep::Newest`]).
+    pub fn singleton(mut self, key: impl Into<String>, keep: Keep) -> Self {
+        self.singleton = Some(Singleton {
+            key: key.into(),
+            keep,
+        });
         self
     }
 }
@@ -590,6 +603,9 @@ impl Client {
         if let Some(key) = &options.concurrency_key {
             check_name("concurrency_key", key)?;
         }
+        if let Some(s) = &options.singleton {
+            check_name("singleton key", &s.key)?;
+        }
         if options.max_attempts == Some(0) {
             return Err(ClientError::NoAttempts);
         }
@@ -659,6 +675,9 @@ impl Client {
         if let Some(key) = &r.options.concurrency_key {
             check_name("concurrency_key", key)?;
         }
+        if let Some(s) = &r.options.singleton {
+            check_name("singleton key", &s.key)?;
+        }
         self.check_payload(&r.payload)?;
         let max_attempts = r.options.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS);
         if max_attempts == 0 {
@@ -666,6 +685,7 @@ impl Client {
         }
         let run_at = r.options.due()?;
         Ok(NewEvent {
+            singleton: r.options.singleton,
             concurrency_key: r.options.concurrency_key,
             id: EventId::new(),
             tenant: r.tenant,
@@ -977,6 +997,7 @@ fn topic_copies(
     Ok(subscribers
         .iter()
         .map(|handler| NewEvent {
+            singleton: options.singleton.clone(),
             concurrency_key: options.concurrency_key.clone(),
             id: EventId::new(),
             tenant: tenant.to_string(),

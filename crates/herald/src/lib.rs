@@ -50,8 +50,8 @@ pub use handler::{Context, Handler, HandlerError, IntoOutcome, Job, Outcome};
 pub use limit::{Limit, LimitKind, LimitScope, LimitSource, LimitWait, StoredLimit, TenantKey};
 pub use memory_queue::MemoryQueue;
 pub use model::{
-    AttemptError, BadNotification, Emitted, Event, EventId, EventState, Lease, LeaseToken, Millis,
-    NewEvent, Notification, Rule, RuleKind, RuleMatch, RunAt, Subscription,
+    AttemptError, BadNotification, Emitted, Event, EventId, EventState, Keep, Lease, LeaseToken,
+    Millis, NewEvent, Notification, Rule, RuleKind, RuleMatch, RunAt, Singleton, Subscription,
 };
 pub use queue::{Delivery, DeliveryTag, MessageLimits, Publish, Queue, QueueError, Retention};
 pub use retry::{RetryPolicy, DEFAULT_MAX_ATTEMPTS};

@@ -243,6 +243,55 @@ pub struct NewEvent {
     /// What the handler's limits per key count it under (within its
     /// tenant), or `None`.
     pub concurrency_key: Option<String>,
+    /// One waiting event per `(tenant, handler, key)`: what to do with one
+    /// that is already waiting.
+    pub singleton: Option<Singleton>,
+}
+
+/// At most one waiting event (pending and not running) per `(tenant,
+/// handler, key)`: an emit with a singleton key that finds one waiting
+/// either keeps it and stores nothing ([`Keep::Oldest`]) or replaces it
+/// ([`Keep::Newest`]: the waiting one is deleted, the new one stored), in
+/// the store's write of the emit. A running event of the key does not
+/// count: the new one waits beside it. With a delay, `Newest` debounces: a
+/// burst of emits runs once, a delay after the last.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Singleton {
+    /// The key, within the event's tenant and handler.
+    pub key: String,
+    /// Which of the waiting event and the new one stays.
+    pub keep: Keep,
+}
+
+/// Which event a [`Singleton`] key keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Keep {
+    /// The event already waiting; the emit returns it as
+    /// [`Emitted::Existing`].
+    Oldest,
+    /// The new event; the waiting one is deleted.
+    Newest,
+}
+
+impl Keep {
+    /// The stable name used in APIs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Keep::Oldest => "oldest",
+            Keep::Newest => "newest",
+        }
+    }
+
+    /// Parses [`Keep::as_str`]'s output.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "oldest" => Some(Keep::Oldest),
+            "newest" => Some(Keep::Newest),
+            _ => None,
+        }
+    }
 }
 
 /// When a new event is due, as the store resolves it with its own clock

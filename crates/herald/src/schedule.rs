@@ -340,6 +340,7 @@ impl Schedule {
     /// key `schedule:{name}:{at in ms}`.
     pub fn occurrence_event(&self, at: Millis) -> NewEvent {
         NewEvent {
+            singleton: None,
             concurrency_key: None,
             id: EventId::new(),
             tenant: self.tenant.clone(),

@@ -270,6 +270,7 @@ async fn emit(store: &dyn Store, max_attempts: u32) -> EventId {
     let id = EventId::new();
     store
         .emit(&[NewEvent {
+            singleton: None,
             concurrency_key: None,
             id,
             tenant: "acme".into(),

@@ -333,6 +333,8 @@ macro_rules! store_suite {
             limits_are_set_listed_and_synced,
             a_rate_gives_each_start_its_turn,
             a_rate_s_burst_starts_at_once,
+            a_singleton_keeps_the_waiting_event,
+            a_singleton_replaces_the_waiting_event,
             rules_add_remove_and_list,
             renotify_pages_through_2500_events_without_duplicates_or_gaps,
             sweep_pages_through_due_events_and_skips_held_ones,

@@ -140,6 +140,7 @@ async fn write(store: &dyn Store, shapes: &[Shape], copy: &str) -> Vec<EventId> 
         .enumerate()
         .filter(|(_, s)| s.state.is_some())
         .map(|(i, s)| NewEvent {
+            singleton: None,
             concurrency_key: None,
             id: ids[i],
             tenant: tenant(copy, i),

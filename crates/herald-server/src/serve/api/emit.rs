@@ -30,6 +30,8 @@ pub(super) struct EmitBody {
     idempotency_key: Option<String>,
     #[serde(default)]
     concurrency_key: Option<String>,
+    #[serde(default)]
+    singleton: Option<herald::Singleton>,
 }
 
 impl EmitBody {
@@ -44,6 +46,7 @@ impl EmitBody {
                 self.max_attempts,
                 self.idempotency_key,
                 self.concurrency_key,
+                self.singleton,
             )?,
         })
     }
@@ -57,6 +60,7 @@ pub(super) fn emit_options(
     max_attempts: Option<u32>,
     idempotency_key: Option<String>,
     concurrency_key: Option<String>,
+    singleton: Option<herald::Singleton>,
 ) -> Result<EmitOptions, ApiError> {
     let delay = match delay {
         None => None,
@@ -75,6 +79,7 @@ pub(super) fn emit_options(
         max_attempts,
         idempotency_key,
         concurrency_key,
+        singleton,
     })
 }
 

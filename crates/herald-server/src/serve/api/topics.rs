@@ -30,6 +30,8 @@ pub(super) struct TopicEmitBody {
     idempotency_key: Option<String>,
     #[serde(default)]
     concurrency_key: Option<String>,
+    #[serde(default)]
+    singleton: Option<herald::Singleton>,
 }
 
 /// One subscriber's copy as the API shows it.
@@ -67,6 +69,7 @@ pub(super) async fn emit_topic(
         body.max_attempts,
         body.idempotency_key,
         body.concurrency_key,
+        body.singleton,
     )?;
     let out = s
         .client

@@ -86,6 +86,7 @@ fn config() -> WorkerConfig {
 /// notification (`EventStore::emit`).
 fn new_event(handler: &str) -> NewEvent {
     NewEvent {
+        singleton: None,
         concurrency_key: None,
         id: EventId::new(),
         tenant: T.into(),

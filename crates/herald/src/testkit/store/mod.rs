@@ -26,6 +26,7 @@ mod retention;
 mod rules;
 mod schedules;
 mod settle;
+mod singleton;
 mod sweep;
 mod topics;
 
@@ -39,6 +40,7 @@ pub use retention::*;
 pub use rules::*;
 pub use schedules::*;
 pub use settle::*;
+pub use singleton::*;
 pub use sweep::*;
 pub use topics::*;
 // Its claim parity scenario lives with the other parity checks.
@@ -65,6 +67,7 @@ const QUIET: Duration = Duration::from_secs(10);
 /// does not make it "not yet due".
 fn new_event(tenant: &str, handler: &str) -> NewEvent {
     NewEvent {
+        singleton: None,
         concurrency_key: None,
         id: EventId::new(),
         tenant: tenant.into(),
