@@ -34,6 +34,14 @@ pub struct EmitArgs {
     /// this key ("account-7").
     #[arg(long, value_name = "KEY")]
     pub concurrency_key: Option<String>,
+    /// Singleton key: at most one waiting event of this key; --keep says
+    /// which stays.
+    #[arg(long, value_name = "KEY")]
+    pub singleton: Option<String>,
+    /// With --singleton: keep the event already waiting (`oldest`: this
+    /// emit prints its id as existing) or replace it (`newest`).
+    #[arg(long, value_parser = ["oldest", "newest"], default_value = "oldest", requires = "singleton")]
+    pub keep: String,
     /// The server, the token, and `--json`.
     #[command(flatten)]
     pub remote: Remote,
@@ -54,6 +62,8 @@ struct Body<'a> {
     idempotency_key: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     concurrency_key: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    singleton: Option<serde_json::Value>,
 }
 
 /// The payload argument: JSON text, `-` for stdin, `{}` when left out.
@@ -98,6 +108,10 @@ pub async fn run(args: EmitArgs) -> Result<(), Failure> {
         max_attempts: args.max_attempts,
         idempotency_key: args.key.as_deref(),
         concurrency_key: args.concurrency_key.as_deref(),
+        singleton: args
+            .singleton
+            .as_ref()
+            .map(|key| serde_json::json!({"key": key, "keep": args.keep})),
     };
     let body = serde_json::to_string(&body)
         .map_err(|e| Failure::new(exit::OTHER, format!("cannot encode the request: {e}")))?;

@@ -1984,3 +1984,60 @@ async fn a_limit_is_set_listed_and_removed_and_an_event_says_it_waits_for_it() {
     assert_eq!(v["removed"], json!(false));
     h.stop().await;
 }
+
+#[tokio::test]
+async fn a_singleton_keeps_or_replaces_and_a_rate_says_until_when() {
+    let h = Harness::new(tokens()).await;
+    let event = |keep: &str| {
+        json!({"tenant": "acme", "handler": "digest", "payload": {},
+               "singleton": {"key": "user-7", "keep": keep}})
+    };
+    let first = h.emit(ACME, event("oldest")).await;
+    let (status, v) = h
+        .call(Method::POST, "/v1/events", Some(ACME), Some(event("oldest")))
+        .await;
+    assert_eq!((status, &v["id"], &v["created"]), (StatusCode::OK, &json!(first), &json!(false)), "{v}");
+    let newest = h.emit(ACME, event("newest")).await;
+    assert_ne!(newest, first);
+    let (status, _) = h
+        .call(Method::GET, &format!("/v1/events/{first}"), Some(ACME), None)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "replaced");
+    let (status, v) = h
+        .call(
+            Method::POST,
+            "/v1/events",
+            Some(ACME),
+            Some(json!({"tenant": "acme", "handler": "digest", "payload": {},
+                        "singleton": {"key": "user-7", "keep": "latest"}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    let message = v["error"]["message"].as_str().expect("a message");
+    assert!(message.contains("latest"), "{v}");
+    // A rate is set like a limit, and shown.
+    let (status, v) = h
+        .call(
+            Method::PUT,
+            "/v1/limits",
+            Some(OPERATOR),
+            Some(json!({"handler": "digest", "per": "tenant", "rate": {"starts": 2, "period": "1m", "burst": 1}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let (_, v) = h.call(Method::GET, "/v1/limits?handler=digest", Some(OPERATOR), None).await;
+    assert_eq!(
+        v["limits"],
+        json!([{"handler": "digest", "per": "tenant", "rate": {"starts": 2, "period": "1m"}, "source": "api"}])
+    );
+    let (status, v) = h
+        .call(
+            Method::PUT,
+            "/v1/limits",
+            Some(OPERATOR),
+            Some(json!({"handler": "digest", "per": "tenant", "rate": {"starts": 2, "period": "soon"}})),
+        )
+        .await;
+    assert_error(status, &v, StatusCode::UNPROCESSABLE_ENTITY, "invalid_limit", &["soon"]);
+    h.stop().await;
+}
