@@ -1994,13 +1994,27 @@ async fn a_singleton_keeps_or_replaces_and_a_rate_says_until_when() {
     };
     let first = h.emit(ACME, event("oldest")).await;
     let (status, v) = h
-        .call(Method::POST, "/v1/events", Some(ACME), Some(event("oldest")))
+        .call(
+            Method::POST,
+            "/v1/events",
+            Some(ACME),
+            Some(event("oldest")),
+        )
         .await;
-    assert_eq!((status, &v["id"], &v["created"]), (StatusCode::OK, &json!(first), &json!(false)), "{v}");
+    assert_eq!(
+        (status, &v["id"], &v["created"]),
+        (StatusCode::OK, &json!(first), &json!(false)),
+        "{v}"
+    );
     let newest = h.emit(ACME, event("newest")).await;
     assert_ne!(newest, first);
     let (status, _) = h
-        .call(Method::GET, &format!("/v1/events/{first}"), Some(ACME), None)
+        .call(
+            Method::GET,
+            &format!("/v1/events/{first}"),
+            Some(ACME),
+            None,
+        )
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND, "replaced");
     let (status, v) = h
@@ -2025,7 +2039,14 @@ async fn a_singleton_keeps_or_replaces_and_a_rate_says_until_when() {
         )
         .await;
     assert_eq!(status, StatusCode::OK, "{v}");
-    let (_, v) = h.call(Method::GET, "/v1/limits?handler=digest", Some(OPERATOR), None).await;
+    let (_, v) = h
+        .call(
+            Method::GET,
+            "/v1/limits?handler=digest",
+            Some(OPERATOR),
+            None,
+        )
+        .await;
     assert_eq!(
         v["limits"],
         json!([{"handler": "digest", "per": "tenant", "rate": {"starts": 2, "period": "1m"}, "source": "api"}])
@@ -2038,6 +2059,12 @@ async fn a_singleton_keeps_or_replaces_and_a_rate_says_until_when() {
             Some(json!({"handler": "digest", "per": "tenant", "rate": {"starts": 2, "period": "soon"}})),
         )
         .await;
-    assert_error(status, &v, StatusCode::UNPROCESSABLE_ENTITY, "invalid_limit", &["soon"]);
+    assert_error(
+        status,
+        &v,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_limit",
+        &["soon"],
+    );
     h.stop().await;
 }
