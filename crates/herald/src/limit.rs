@@ -397,6 +397,7 @@ mod tests {
         }
         let neither = Limit {
             running: None,
+            rate: None,
             ..ok
         };
         assert!(neither.check().is_err());
