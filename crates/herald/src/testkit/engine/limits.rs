@@ -29,7 +29,7 @@ struct Overlap {
 /// event runs exactly once and the store ends empty. The waiting events
 /// are parked and woken by the settles, not put back on the queue: the
 /// notifications received stay within one per event plus one per wake,
-/// and requeues within the races of a wake.
+/// and requeues within the races of a wake (at most two per event).
 pub async fn a_limited_key_runs_at_most_its_limit_at_once_across_workers(store: Arc<dyn Store>) {
     let rig = Rig::new(store).await;
     let limit = Limit::running("keyed", LimitScope::Key { key: None }, 2);
@@ -118,13 +118,15 @@ pub async fn a_limited_key_runs_at_most_its_limit_at_once_across_workers(store: 
     assert_eq!(most.get("b"), Some(&2), "key b likewise: {most:?}");
     // No waiting event bounces: it is parked, and woken once per slot. A
     // requeue comes only from a race (a wake between a claim and its
-    // inspect answers as a lost claim; a duplicate of a running event's
-    // notification waits for its lease), a few per run of the test.
+    // inspect answers as a lost claim, 50 ms later; a duplicate of a
+    // running event's notification waits for its lease): under load, up
+    // to about one per event. A waiting event that bounced until a slot
+    // freed would be requeued every 50 ms: tens of times per event here.
     let (s1, s2) = (w1.stats(), w2.stats());
     let requeued = (s1.requeued + s2.requeued) as usize;
     let received = (s1.received + s2.received) as usize;
     assert!(
-        requeued <= ids.len() / 2 && received <= 2 * ids.len() + 8,
+        requeued <= 2 * ids.len() && received <= 2 * ids.len() + 8,
         "{received} notifications received, {requeued} requeued, for {} events",
         ids.len()
     );
