@@ -317,6 +317,7 @@ macro_rules! store_suite {
             claim_of_a_batch_returns_only_the_claimable,
             claims_of_one_or_a_few_ids_agree_with_the_batch,
             claim_takes_exactly_what_admit_would_claim,
+            claim_and_admit_agree_on_a_full_limit,
             sixteen_concurrent_claims_of_one_event_have_one_winner,
             inspect_loads_events_and_their_rules,
             settle_delete_archive_and_bury,

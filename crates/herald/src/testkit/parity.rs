@@ -306,3 +306,107 @@ pub async fn claim_takes_exactly_what_admit_would_claim(store: std::sync::Arc<dy
         wrong.join("\n")
     );
 }
+
+/// The LimitCheck row against the claim: of events that are otherwise
+/// claimable, the claim takes those whose limit has room and parks the
+/// others; `admit`, told what the store says of a parked one, drops it
+/// as limited rather than answering a lost claim. One id at a time and
+/// in a batch.
+pub async fn claim_and_admit_agree_on_a_full_limit(store: std::sync::Arc<dyn Store>) {
+    use crate::limit::{Limit, LimitScope};
+    let store = store.as_ref();
+    let per_tenant = LimitScope::Tenant { tenant: None };
+    store
+        .set_limit(&Limit::running("h", per_tenant, 1))
+        .await
+        .expect("set");
+    let due = RunAt::At(Millis::now().minus(Duration::from_secs(1)));
+    let event = |tenant: &str| NewEvent {
+        concurrency_key: None,
+        singleton: None,
+        id: EventId::new(),
+        tenant: tenant.into(),
+        handler: "h".into(),
+        payload: "{}".into(),
+        run_at: due,
+        max_attempts: 3,
+        idempotency_key: None,
+        topic: None,
+    };
+    let events: Vec<NewEvent> = ["full", "full", "full", "room", "room2"]
+        .iter()
+        .map(|t| event(t))
+        .collect();
+    let ids: Vec<EventId> = events.iter().map(|e| e.id).collect();
+    store.emit(&events).await.expect("emit");
+    // Tenant "full" runs one: its limit is full.
+    claim_all(store, &ids[..1], LEASE).await;
+    let check = |taken: &std::collections::HashSet<EventId>, how: &str| {
+        let expect: std::collections::HashSet<EventId> = [ids[3], ids[4]].into();
+        assert_eq!(
+            *taken, expect,
+            "{how}: the claim takes the events with room"
+        );
+    };
+    let mut taken = std::collections::HashSet::new();
+    for &id in &ids[1..] {
+        let got = store
+            .claim(
+                &crate::testkit::leases(&[id], LeaseToken::new()),
+                &["h".to_string()],
+                &[],
+                LEASE,
+            )
+            .await
+            .expect("claim");
+        taken.extend(got.into_iter().map(|e| e.id));
+    }
+    check(&taken, "one id at a time");
+    let seen = store.inspect(&ids[1..3]).await.expect("inspect");
+    for i in &seen.found {
+        let admission = decision::admit(
+            decision::Inspection {
+                event: Some(&i.event),
+                rules: i.rules,
+                waiting: i.waiting.as_ref(),
+                handler_known: true,
+                now: seen.now,
+            },
+            &Policy::default(),
+            0.5,
+        );
+        assert_eq!(
+            admission.verdict,
+            Verdict::Drop(decision::DropReason::Limited),
+            "a parked event is dropped as limited: {:?}",
+            i.event
+        );
+    }
+    // The same in one batch, on a fresh copy.
+    let again: Vec<NewEvent> = ["full2", "full2", "full2", "room3", "room4"]
+        .iter()
+        .map(|t| event(t))
+        .collect();
+    let ids: Vec<EventId> = again.iter().map(|e| e.id).collect();
+    store.emit(&again).await.expect("emit");
+    claim_all(store, &ids[..1], LEASE).await;
+    // A token of its own per event, as a worker gives them: a token names
+    // one run, and a limit's slot is the run's.
+    let leases: Vec<crate::backend::LeaseRef> = ids[1..]
+        .iter()
+        .map(|&id| crate::backend::LeaseRef {
+            id,
+            token: LeaseToken::new(),
+        })
+        .collect();
+    let got = store
+        .claim(&leases, &["h".to_string()], &[], LEASE)
+        .await
+        .expect("claim");
+    let taken: std::collections::HashSet<EventId> = got.into_iter().map(|e| e.id).collect();
+    let expect: std::collections::HashSet<EventId> = [ids[3], ids[4]].into();
+    assert_eq!(
+        taken, expect,
+        "a batch: the claim takes the events with room"
+    );
+}

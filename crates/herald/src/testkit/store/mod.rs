@@ -44,7 +44,9 @@ pub use singleton::*;
 pub use sweep::*;
 pub use topics::*;
 // Its claim parity scenario lives with the other parity checks.
-pub use super::parity::claim_takes_exactly_what_admit_would_claim;
+pub use super::parity::{
+    claim_and_admit_agree_on_a_full_limit, claim_takes_exactly_what_admit_would_claim,
+};
 
 use std::time::Duration;
 
