@@ -259,40 +259,103 @@ fn overlaps(runs: &[(i64, i64)], from: i64, want: i64) -> (i64, Option<i64>) {
     (most, reached)
 }
 
+/// Three `herald serve` workers with the handler's limit `limit`, on a
+/// schema of their own, a nats-server of the test's own and the ledger.
+struct Fleet {
+    workers: Vec<Server>,
+    ledger: Ledger,
+    pool: PgPool,
+    schema: TestSchema,
+    _ledger_schema: TestSchema,
+    _nats: OwnServer,
+    _dir: tempfile::TempDir,
+}
+
+impl Fleet {
+    /// `None` (after saying so, or failing with `CI=true`) when PostgreSQL
+    /// or nats-server cannot be had.
+    async fn start(test: &str, limit: &str) -> Option<Fleet> {
+        let db = database_url();
+        if let Err(e) = reachable().await {
+            unreachable(test, &db, &e);
+            return None;
+        }
+        let nats = match OwnServer::start().await {
+            Ok(n) => n,
+            Err(e) => {
+                herald_nats::testing::unreachable(test, "a nats-server of its own", &e);
+                return None;
+            }
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let schema = common::migrated_schema(dir.path(), &db);
+        let ledger_schema = TestSchema::adopt(TestSchema::random_name());
+        let pool = PgPoolOptions::new()
+            .max_connections(24)
+            .connect_with(connect_options())
+            .await
+            .unwrap();
+        let ledger = Ledger::create(pool.clone(), ledger_schema.name()).await;
+        let port = serve_ledger(ledger.clone()).await;
+        let nats_url = nats.url();
+        let workers = (0..WORKERS)
+            .map(|n| worker(dir.path(), n, (&db, schema.name(), &nats_url), port, limit))
+            .collect();
+        Some(Fleet {
+            workers,
+            ledger,
+            pool,
+            schema,
+            _ledger_schema: ledger_schema,
+            _nats: nats,
+            _dir: dir,
+        })
+    }
+
+    /// Waits until the store holds no event, at most until `LIMIT` after `begun`.
+    async fn drained(&self, begun: Instant) {
+        loop {
+            let left: i64 = sqlx::query_scalar(&format!(
+                "SELECT count(*) FROM {}.events",
+                self.schema.name()
+            ))
+            .fetch_one(&self.pool)
+            .await
+            .unwrap();
+            if left == 0 {
+                return;
+            }
+            assert!(
+                begun.elapsed() < LIMIT,
+                "{left} events still stored after {LIMIT:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Stops every worker but `killed` with SIGTERM; each must exit cleanly.
+    fn stop(&mut self, killed: Option<usize>) {
+        for (n, w) in self.workers.iter_mut().enumerate() {
+            if Some(n) != killed {
+                w.signal("-TERM");
+                let status = w.wait(Duration::from_secs(30));
+                assert!(status.success(), "worker {n}: {status}\n{}", w.stderr());
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_per_key_limit_holds_across_three_servers_and_a_killed_one_s_slots_come_back() {
     const TEST: &str =
         "a_per_key_limit_holds_across_three_servers_and_a_killed_one_s_slots_come_back";
-    let db = database_url();
-    if let Err(e) = reachable().await {
-        unreachable(TEST, &db, &e);
+    let Some(mut fleet) = Fleet::start(TEST, &format!("per_key = {PER_KEY}")).await else {
         return;
-    }
-    let nats = match OwnServer::start().await {
-        Ok(n) => n,
-        Err(e) => {
-            herald_nats::testing::unreachable(TEST, "a nats-server of its own", &e);
-            return;
-        }
     };
-    let dir = tempfile::tempdir().unwrap();
-    let schema = common::migrated_schema(dir.path(), &db);
-    let ledger_schema = TestSchema::adopt(TestSchema::random_name());
-    let pool = PgPoolOptions::new()
-        .max_connections(24)
-        .connect_with(connect_options())
-        .await
-        .unwrap();
-    let ledger = Ledger::create(pool.clone(), ledger_schema.name()).await;
-    let port = serve_ledger(ledger.clone()).await;
-    let nats_url = nats.url();
-    let limit = format!("per_key = {PER_KEY}");
-    let mut workers: Vec<Server> = (0..WORKERS)
-        .map(|n| worker(dir.path(), n, (&db, schema.name(), &nats_url), port, &limit))
-        .collect();
+    let (ledger, pool) = (fleet.ledger.clone(), fleet.pool.clone());
     let emit_to: Vec<String> = (0..WORKERS)
         .filter(|n| *n != VICTIM)
-        .map(|n| workers[n].base.clone())
+        .map(|n| fleet.workers[n].base.clone())
         .collect();
     let begun = Instant::now();
     let emitter = tokio::spawn(emit_all(emit_to));
@@ -301,31 +364,11 @@ async fn a_per_key_limit_holds_across_three_servers_and_a_killed_one_s_slots_com
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let killed_at = micros_now();
-    workers[VICTIM].signal("-KILL");
-    let _ = workers[VICTIM].wait(Duration::from_secs(10));
+    fleet.workers[VICTIM].signal("-KILL");
+    let _ = fleet.workers[VICTIM].wait(Duration::from_secs(10));
     let keys = emitter.await.unwrap();
-    loop {
-        let left: i64 =
-            sqlx::query_scalar(&format!("SELECT count(*) FROM {}.events", schema.name()))
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-        if left == 0 {
-            break;
-        }
-        assert!(
-            begun.elapsed() < LIMIT,
-            "{left} events still stored after {LIMIT:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    for (n, w) in workers.iter_mut().enumerate() {
-        if n != VICTIM {
-            w.signal("-TERM");
-            let status = w.wait(Duration::from_secs(30));
-            assert!(status.success(), "worker {n}: {status}\n{}", w.stderr());
-        }
-    }
+    fleet.drained(begun).await;
+    fleet.stop(Some(VICTIM));
     let runs: Vec<Run> = sqlx::query_as::<_, (String, i32, i64, Option<i64>)>(&format!(
         "SELECT event_id, worker, started_us, ended_us FROM {}",
         ledger.table
@@ -418,68 +461,25 @@ async fn a_rate_holds_across_three_servers() {
     const TEST: &str = "a_rate_holds_across_three_servers";
     const RATE: usize = 20;
     const RATED: usize = 100;
-    let db = database_url();
-    if let Err(e) = reachable().await {
-        unreachable(TEST, &db, &e);
+    let Some(mut fleet) = Fleet::start(TEST, &format!("rate = \"{RATE}/1s\"")).await else {
         return;
-    }
-    let nats = match OwnServer::start().await {
-        Ok(n) => n,
-        Err(e) => {
-            herald_nats::testing::unreachable(TEST, "a nats-server of its own", &e);
-            return;
-        }
     };
-    let dir = tempfile::tempdir().unwrap();
-    let schema = common::migrated_schema(dir.path(), &db);
-    let ledger_schema = TestSchema::adopt(TestSchema::random_name());
-    let pool = PgPoolOptions::new()
-        .max_connections(24)
-        .connect_with(connect_options())
-        .await
-        .unwrap();
-    let ledger = Ledger::create(pool.clone(), ledger_schema.name()).await;
-    let port = serve_ledger(ledger.clone()).await;
-    let nats_url = nats.url();
-    let limit = format!("rate = \"{RATE}/1s\"");
-    let mut workers: Vec<Server> = (0..WORKERS)
-        .map(|n| worker(dir.path(), n, (&db, schema.name(), &nats_url), port, &limit))
-        .collect();
     let http = reqwest::Client::new();
     let events: Vec<Value> = (0..RATED)
         .map(|i| json!({"tenant": "acme", "handler": "ledger", "payload": {"n": i}}))
         .collect();
     let response = http
-        .post(format!("{}/v1/events/batch", workers[0].base))
+        .post(format!("{}/v1/events/batch", fleet.workers[0].base))
         .json(&json!({ "events": events }))
         .send()
         .await
         .unwrap();
     assert_eq!(response.status(), 201);
-    let begun = Instant::now();
-    loop {
-        let left: i64 =
-            sqlx::query_scalar(&format!("SELECT count(*) FROM {}.events", schema.name()))
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-        if left == 0 {
-            break;
-        }
-        assert!(
-            begun.elapsed() < LIMIT,
-            "{left} events still stored after {LIMIT:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    for w in workers.iter_mut() {
-        w.signal("-TERM");
-        let status = w.wait(Duration::from_secs(30));
-        assert!(status.success(), "{status}\n{}", w.stderr());
-    }
+    fleet.drained(Instant::now()).await;
+    fleet.stop(None);
     let mut starts: Vec<i64> =
-        sqlx::query_scalar(&format!("SELECT started_us FROM {}", ledger.table))
-            .fetch_all(&pool)
+        sqlx::query_scalar(&format!("SELECT started_us FROM {}", fleet.ledger.table))
+            .fetch_all(&fleet.pool)
             .await
             .unwrap();
     starts.sort_unstable();
