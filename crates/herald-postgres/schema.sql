@@ -713,10 +713,7 @@ AS $function$BEGIN RETURN QUERY SELECT c.now, e.id, e.tenant, e.handler, e.paylo
        (SELECT t.held::bigint FROM limit_counts AS t
         WHERE t.handler = w.handler AND t.kind = w.kind AND t.tenant = w.tenant
           AND t.key = w.key),
-       (SELECT l.running FROM limits AS l
-        WHERE l.handler = w.handler AND l.kind = w.kind
-          AND (l.tenant = w.tenant OR l.tenant = '') AND (l.key = w.key OR l.key = '')
-        ORDER BY l.tenant DESC, l.key DESC LIMIT 1)
+       (scope_row(w.kind, w.handler, w.tenant, w.key)).running
      FROM (SELECT floor(date_part('epoch', pg_catalog.now()) * 1000)::bigint AS now) AS c
      LEFT JOIN events AS e ON e.id = ANY($1)
      LEFT JOIN LATERAL (SELECT x.handler, x.kind, x.tenant, x.key FROM limit_waits AS x
@@ -898,16 +895,6 @@ BEGIN
   WHERE r.leaf = $1;
   RETURN QUERY SELECT n_moved, n_left - n_moved, true;
 END$function$
-;
-CREATE OR REPLACE FUNCTION herald.scope_limit(smallint, text, text, text)
- RETURNS integer
- LANGUAGE sql
- STABLE
- SET search_path TO 'herald', 'pg_catalog'
-AS $function$SELECT l.running FROM limits AS l
-     WHERE l.handler = $2 AND l.kind = $1
-       AND (l.tenant = $3 OR l.tenant = '') AND (l.key = $4 OR l.key = '')
-     ORDER BY l.tenant DESC, l.key DESC LIMIT 1$function$
 ;
 CREATE OR REPLACE FUNCTION herald.scope_lock_key(smallint, text, text, text)
  RETURNS integer
@@ -1282,7 +1269,7 @@ BEGIN
     IF EXISTS (SELECT 1 FROM limit_waits AS w
                WHERE w.handler = sc.handler AND w.kind = sc.kind AND w.tenant = sc.tenant
                  AND w.key = sc.key) THEN
-      room := coalesce(scope_limit(sc.kind, sc.handler, sc.tenant, sc.key), $5)
+      room := coalesce((scope_row(sc.kind, sc.handler, sc.tenant, sc.key)).running, $5)
               - coalesce((SELECT c.held FROM limit_counts AS c
                           WHERE c.handler = sc.handler AND c.kind = sc.kind
                             AND c.tenant = sc.tenant AND c.key = sc.key), 0);

@@ -142,10 +142,7 @@ AS $$BEGIN RETURN QUERY SELECT c.now, e.id, e.tenant, e.handler, e.payload, e.st
        (SELECT t.held::bigint FROM limit_counts AS t
         WHERE t.handler = w.handler AND t.kind = w.kind AND t.tenant = w.tenant
           AND t.key = w.key),
-       (SELECT l.running FROM limits AS l
-        WHERE l.handler = w.handler AND l.kind = w.kind
-          AND (l.tenant = w.tenant OR l.tenant = '') AND (l.key = w.key OR l.key = '')
-        ORDER BY l.tenant DESC, l.key DESC LIMIT 1)
+       (scope_row(w.kind, w.handler, w.tenant, w.key)).running
      FROM (SELECT floor(date_part('epoch', pg_catalog.now()) * 1000)::bigint AS now) AS c
      LEFT JOIN events AS e ON e.id = ANY($1)
      LEFT JOIN LATERAL (SELECT x.handler, x.kind, x.tenant, x.key FROM limit_waits AS x

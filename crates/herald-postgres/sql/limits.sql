@@ -20,18 +20,8 @@ CREATE OR REPLACE FUNCTION scope_lock_key(smallint, text, text, text) RETURNS in
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$SELECT hashtext($1::text || '/' || $2 || '/' || $3 || '/' || $4)$$;
 
--- The concurrency limit of a scope now, NULL when none is set: the
--- scope's own row (a tenant's or a key's) before the default of every
--- tenant or key.
-CREATE OR REPLACE FUNCTION scope_limit(smallint, text, text, text) RETURNS integer
-LANGUAGE sql STABLE
-SET search_path FROM CURRENT
-AS $$SELECT l.running FROM limits AS l
-     WHERE l.handler = $2 AND l.kind = $1
-       AND (l.tenant = $3 OR l.tenant = '') AND (l.key = $4 OR l.key = '')
-     ORDER BY l.tenant DESC, l.key DESC LIMIT 1$$;
-
--- The limits row of a scope now (its own before the default), if any.
+-- The limits row of a scope now, if any: the scope's own row (a
+-- tenant's or a key's) before the default of every tenant or key.
 CREATE OR REPLACE FUNCTION scope_row(smallint, text, text, text) RETURNS limits
 LANGUAGE sql STABLE
 SET search_path FROM CURRENT
@@ -340,7 +330,7 @@ BEGIN
     IF EXISTS (SELECT 1 FROM limit_waits AS w
                WHERE w.handler = sc.handler AND w.kind = sc.kind AND w.tenant = sc.tenant
                  AND w.key = sc.key) THEN
-      room := coalesce(scope_limit(sc.kind, sc.handler, sc.tenant, sc.key), $5)
+      room := coalesce((scope_row(sc.kind, sc.handler, sc.tenant, sc.key)).running, $5)
               - coalesce((SELECT c.held FROM limit_counts AS c
                           WHERE c.handler = sc.handler AND c.kind = sc.kind
                             AND c.tenant = sc.tenant AND c.key = sc.key), 0);
